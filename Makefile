@@ -1,0 +1,33 @@
+# Switchyard: `make run` starts the local stack on mock engines, `make test` runs every test.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test unit e2e lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/switchyard up --mock-engines sglang,vllm --http-port 8000
+
+test: $(STAMP)
+	$(BIN)/pytest -q
+
+unit: $(STAMP)
+	$(BIN)/pytest -q libs services
+
+e2e: $(STAMP)
+	$(BIN)/pytest -q tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info
