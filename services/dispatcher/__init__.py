@@ -1,1 +1,6 @@
-"""TODO layout."""
+"""dispatcher: holds the gRPC channels to the engines and runs generations for the pipeline.
+
+Layout: `channels` (one EngineClient per instance, opened on Added, closed on Removed),
+`streams` (one generation: engine stream -> neutral replies, abort on cancel),
+`service` (ZMQ), `cli`.
+"""

@@ -1,1 +1,10 @@
-"""TODO layout."""
+"""Engine adapters: one module per engine family behind one interface.
+
+Layout: `base` holds the neutral interface (EngineClient, EngineInfo) and shared channel setup;
+`sglang` and `vllm` adapt each family's gRPC API; `connect` detects the family of a URL.
+"""
+
+from switchyard.common.engines.base import EngineClient, EngineInfo
+from switchyard.common.engines.connect import connect, open_channel
+
+__all__ = ["EngineClient", "EngineInfo", "connect", "open_channel"]

@@ -1,0 +1,108 @@
+"""The protocol-neutral engine interface every service codes against."""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import grpc
+
+from switchyard.common import errors
+from switchyard.common.errors import EngineError
+from switchyard.protos.messages import GenerateFinished, GenerateRequest, TokenDelta
+
+# Tokenizer zips and server info can be several MB; generation messages are small.
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.enable_retries", 0),
+    # Reconnect quickly after an engine restarts (the default backoff grows to 120 s).
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+]
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What a probe learns about an engine. `role` is None when the engine does not say."""
+
+    protocol: str
+    model: str
+    context_length: int
+    block_size: int
+    role: str | None = None
+    bootstrap_port: int | None = None
+    kv_events_endpoint: str | None = None
+    max_running_requests: int = 0
+    tokenizer_path: str = ""
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    running: int
+    waiting: int
+
+
+GenerateEvent = TokenDelta | GenerateFinished
+
+
+class EngineClient(abc.ABC):
+    """One engine behind one gRPC channel. Methods raise EngineError with a kind."""
+
+    protocol: ClassVar[str]
+    service_name: ClassVar[str]
+
+    def __init__(self, channel: grpc.aio.Channel, instance_id: int | None = None) -> None:
+        self.channel = channel
+        self.instance_id = instance_id
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    def _error(self, exc: BaseException) -> EngineError:
+        return EngineError.from_exception(exc, self.instance_id)
+
+    @abc.abstractmethod
+    async def health(self, timeout: float) -> bool: ...
+
+    @abc.abstractmethod
+    async def info(self, timeout: float) -> EngineInfo: ...
+
+    @abc.abstractmethod
+    async def load(self, timeout: float) -> EngineLoad: ...
+
+    @abc.abstractmethod
+    def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
+        """Token deltas, then exactly one GenerateFinished. Raises EngineError; a stream that
+        ends without its final message raises kind `disconnected`."""
+
+    @abc.abstractmethod
+    async def abort(self, request_id: str, timeout: float = 2.0) -> None: ...
+
+    @abc.abstractmethod
+    def _tokenizer_call(self, timeout: float) -> Any: ...
+
+    async def fetch_tokenizer(self, timeout: float = 30.0) -> bytes:
+        """The engine's tokenizer zip, checked against the sha256 on its last chunk."""
+        parts: list[bytes] = []
+        digest = ""
+        try:
+            async for chunk in self._tokenizer_call(timeout):
+                parts.append(chunk.data)
+                if chunk.sha256:
+                    digest = chunk.sha256
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc) from exc
+        data = b"".join(parts)
+        if not digest or hashlib.sha256(data).hexdigest() != digest.lower():
+            raise EngineError(
+                errors.ENGINE_ERROR, "tokenizer zip missing or failing its sha256", self.instance_id
+            )
+        return data

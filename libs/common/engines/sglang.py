@@ -1,0 +1,160 @@
+"""SGLang (`sglang --grpc-mode`): service sglang.grpc.scheduler.SglangScheduler.
+
+Stream facts this adapter relies on: chunk token_ids are deltas, chunk counts are cumulative,
+and a `complete` follows the last chunk repeating that chunk's tokens (so its output_ids are
+ignored when streaming). Role and layout come from GetServerInfo.server_args.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from smg_grpc_proto.generated import common_pb2
+from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
+from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
+
+from switchyard.common import errors
+from switchyard.common.engines.base import EngineClient, EngineInfo, EngineLoad, GenerateEvent
+from switchyard.common.errors import EngineError
+from switchyard.protos.messages import (
+    PROTOCOL_SGLANG,
+    ROLE_DECODE,
+    ROLE_PREFILL,
+    GenerateFinished,
+    GenerateRequest,
+    TokenDelta,
+)
+
+_ROLES = {"prefill": ROLE_PREFILL, "decode": ROLE_DECODE}
+
+
+def _kv_events_endpoint(config: Any) -> str | None:
+    """server_args.kv_events_config is a JSON string (or a dict) with an `endpoint`."""
+    if isinstance(config, str) and config.strip():
+        import orjson
+
+        try:
+            config = orjson.loads(config)
+        except orjson.JSONDecodeError:
+            return None
+    if isinstance(config, dict):
+        endpoint = config.get("endpoint")
+        return str(endpoint) if endpoint else None
+    return None
+
+
+class SglangClient(EngineClient):
+    protocol = PROTOCOL_SGLANG
+    service_name = "sglang.grpc.scheduler.SglangScheduler"
+
+    def __init__(self, channel: grpc.aio.Channel, instance_id: int | None = None) -> None:
+        super().__init__(channel, instance_id)
+        self.stub = pb_grpc.SglangSchedulerStub(channel)
+
+    async def health(self, timeout: float) -> bool:
+        try:
+            reply = await self.stub.HealthCheck(pb.HealthCheckRequest(), timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc) from exc
+        return reply.healthy
+
+    async def info(self, timeout: float) -> EngineInfo:
+        try:
+            model = await self.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=timeout)
+            server = await self.stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc) from exc
+        args = json_format.MessageToDict(server.server_args)
+        # max_context_length here is the KV pool size; the context length is in server_args.
+        context_length = int(args.get("context_length") or model.max_req_input_len or 0)
+        mode = str(args.get("disaggregation_mode") or "null")
+        role = _ROLES.get(mode)
+        bootstrap = args.get("disaggregation_bootstrap_port")
+        return EngineInfo(
+            protocol=self.protocol,
+            model=model.served_model_name or model.model_path,
+            context_length=context_length,
+            block_size=int(args.get("page_size") or 1),
+            role=role,
+            bootstrap_port=int(bootstrap) if role == ROLE_PREFILL and bootstrap else None,
+            kv_events_endpoint=_kv_events_endpoint(args.get("kv_events_config")),
+            max_running_requests=int(args.get("max_running_requests") or 0),
+            tokenizer_path=model.tokenizer_path,
+        )
+
+    async def load(self, timeout: float) -> EngineLoad:
+        try:
+            reply = await self.stub.GetLoads(pb.GetLoadsRequest(), timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc) from exc
+        running = sum(load.num_running_reqs for load in reply.loads)
+        waiting = sum(load.num_waiting_reqs for load in reply.loads)
+        return EngineLoad(running, waiting)
+
+    def _tokenizer_call(self, timeout: float) -> Any:
+        return self.stub.GetTokenizer(common_pb2.GetTokenizerRequest(), timeout=timeout)
+
+    @staticmethod
+    def build_request(request: GenerateRequest) -> pb.GenerateRequest:
+        s = request.sampling
+        return pb.GenerateRequest(
+            request_id=request.request_id,
+            tokenized=pb.TokenizedInput(input_ids=request.token_ids),
+            sampling_params=pb.SamplingParams(
+                temperature=s.temperature,
+                top_p=s.top_p,
+                top_k=s.top_k,  # SGLang: -1 means no top-k
+                min_p=s.min_p,
+                frequency_penalty=s.frequency_penalty,
+                presence_penalty=s.presence_penalty,
+                repetition_penalty=s.repetition_penalty,
+                max_new_tokens=s.max_tokens,
+                min_new_tokens=s.min_tokens,
+                stop_token_ids=s.stop_token_ids,
+                ignore_eos=s.ignore_eos,
+                skip_special_tokens=True,
+                spaces_between_special_tokens=True,
+                n=1,
+            ),
+            stream=True,
+        )
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
+        request_id = request.request_id
+        call = self.stub.Generate(self.build_request(request))
+        try:
+            async for reply in call:
+                if reply.HasField("chunk"):
+                    ids = reply.chunk.token_ids
+                    if ids:
+                        yield TokenDelta(request_id, list(ids))
+                elif reply.HasField("complete"):
+                    done = reply.complete
+                    matched = (
+                        done.matched_token_id if done.HasField("matched_token_id") else None
+                    )
+                    yield GenerateFinished(
+                        request_id=request_id,
+                        finish_reason=done.finish_reason or "stop",
+                        prompt_tokens=done.prompt_tokens,
+                        completion_tokens=done.completion_tokens,
+                        cached_tokens=done.cached_tokens,
+                        matched_token_id=matched,
+                    )
+                    return
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc) from exc
+        finally:
+            call.cancel()
+        raise EngineError(errors.DISCONNECTED, "stream ended without complete", self.instance_id)
+
+    async def abort(self, request_id: str, timeout: float = 2.0) -> None:
+        try:
+            await self.stub.Abort(
+                pb.AbortRequest(request_id=request_id, reason="client cancelled"), timeout=timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc) from exc

@@ -1,0 +1,141 @@
+"""vLLM (`vllm serve --grpc`): service vllm.grpc.engine.VllmEngine.
+
+Stream facts this adapter relies on: chunk token_ids are deltas and chunk completion_tokens is
+a per-chunk count; the final `complete` repeats the last delta (its counts are per-chunk too),
+so this adapter counts completion tokens itself. GenerateResponse has no request_id, and
+AbortRequest takes a list of ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from smg_grpc_proto.generated import common_pb2
+from smg_grpc_proto.generated import vllm_engine_pb2 as pb
+from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
+
+from switchyard.common import errors
+from switchyard.common.engines.base import EngineClient, EngineInfo, EngineLoad, GenerateEvent
+from switchyard.common.errors import EngineError
+from switchyard.protos.messages import (
+    PROTOCOL_VLLM,
+    ROLE_DECODE,
+    ROLE_PREFILL,
+    GenerateFinished,
+    GenerateRequest,
+    TokenDelta,
+)
+
+# kv_both engines can serve either side: no fixed role, the operator's list decides.
+_ROLES = {"kv_producer": ROLE_PREFILL, "kv_consumer": ROLE_DECODE}
+
+
+class VllmClient(EngineClient):
+    protocol = PROTOCOL_VLLM
+    service_name = "vllm.grpc.engine.VllmEngine"
+
+    def __init__(self, channel: grpc.aio.Channel, instance_id: int | None = None) -> None:
+        super().__init__(channel, instance_id)
+        self.stub = pb_grpc.VllmEngineStub(channel)
+
+    async def health(self, timeout: float) -> bool:
+        try:
+            reply = await self.stub.HealthCheck(pb.HealthCheckRequest(), timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc) from exc
+        return reply.healthy
+
+    async def info(self, timeout: float) -> EngineInfo:
+        try:
+            model = await self.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=timeout)
+            server = await self.stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc) from exc
+        return EngineInfo(
+            protocol=self.protocol,
+            model=model.served_model_name or model.model_path,
+            context_length=int(model.max_context_length),  # max_model_len
+            block_size=int(server.block_size or 16),
+            role=_ROLES.get(server.kv_role),
+            max_running_requests=int(server.max_num_seqs or 0),
+            tokenizer_path=model.tokenizer_path,
+        )
+
+    async def load(self, timeout: float) -> EngineLoad:
+        try:
+            reply = await self.stub.GetLoads(pb.GetLoadsRequest(), timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc) from exc
+        running = sum(load.num_running_reqs for load in reply.loads)
+        waiting = sum(load.num_waiting_reqs for load in reply.loads)
+        return EngineLoad(running, waiting)
+
+    def _tokenizer_call(self, timeout: float) -> Any:
+        return self.stub.GetTokenizer(common_pb2.GetTokenizerRequest(), timeout=timeout)
+
+    @staticmethod
+    def build_request(request: GenerateRequest) -> pb.GenerateRequest:
+        s = request.sampling
+        params = pb.SamplingParams(
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=max(s.top_k, 0),  # vLLM: 0 means no top-k
+            min_p=s.min_p,
+            frequency_penalty=s.frequency_penalty,
+            presence_penalty=s.presence_penalty,
+            repetition_penalty=s.repetition_penalty,
+            max_tokens=s.max_tokens,
+            min_tokens=s.min_tokens,
+            stop_token_ids=s.stop_token_ids,
+            ignore_eos=s.ignore_eos,
+            skip_special_tokens=True,
+            spaces_between_special_tokens=True,
+            n=1,
+        )
+        if s.seed is not None:
+            params.seed = s.seed
+        return pb.GenerateRequest(
+            request_id=request.request_id,
+            tokenized=pb.TokenizedInput(input_ids=request.token_ids),
+            sampling_params=params,
+            stream=True,
+        )
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
+        request_id = request.request_id
+        call = self.stub.Generate(self.build_request(request))
+        generated = 0
+        try:
+            async for reply in call:
+                if reply.HasField("chunk"):
+                    ids = reply.chunk.token_ids
+                    if ids:
+                        generated += len(ids)
+                        yield TokenDelta(request_id, list(ids))
+                elif reply.HasField("complete"):
+                    done = reply.complete
+                    matched = (
+                        done.matched_token_id if done.HasField("matched_token_id") else None
+                    )
+                    yield GenerateFinished(
+                        request_id=request_id,
+                        finish_reason=done.finish_reason or "stop",
+                        prompt_tokens=done.prompt_tokens,
+                        completion_tokens=generated,
+                        cached_tokens=done.cached_tokens,
+                        matched_token_id=matched,
+                    )
+                    return
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc) from exc
+        finally:
+            call.cancel()
+        raise EngineError(errors.DISCONNECTED, "stream ended without complete", self.instance_id)
+
+    async def abort(self, request_id: str, timeout: float = 2.0) -> None:
+        try:
+            await self.stub.Abort(pb.AbortRequest(request_ids=[request_id]), timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc) from exc

@@ -1,0 +1,83 @@
+"""Error kinds shared by every service, and the remap from engine/transport faults to them.
+
+    SwitchyardError
+     +-- EngineError(kind, instance_id, message)   an engine or the path to it failed
+
+Kinds decide what happens next (shared/ARCHITECTURE.md, "Faults"):
+    cannot_connect  instance down, migrate      UNAVAILABLE, refused, reset
+    timeout         instance down, migrate      DEADLINE_EXCEEDED
+    disconnected    migrate                     a stream that ended without its final message
+    overloaded      mark busy, try another      RESOURCE_EXHAUSTED
+    cancelled       nothing                     CANCELLED
+    bad_request     400 to the client           INVALID_ARGUMENT and kin
+    engine_error    500 to the client           anything else
+"""
+
+from __future__ import annotations
+
+import grpc
+
+CANNOT_CONNECT = "cannot_connect"
+TIMEOUT = "timeout"
+DISCONNECTED = "disconnected"
+OVERLOADED = "overloaded"
+CANCELLED = "cancelled"
+BAD_REQUEST = "bad_request"
+ENGINE_ERROR = "engine_error"
+
+# Kinds after which the request may be resent to another instance.
+MIGRATABLE = frozenset({CANNOT_CONNECT, TIMEOUT, DISCONNECTED, OVERLOADED})
+# Kinds that mean the instance itself is unreachable.
+INSTANCE_DOWN = frozenset({CANNOT_CONNECT, TIMEOUT})
+
+_STATUS_KIND = {
+    grpc.StatusCode.UNAVAILABLE: CANNOT_CONNECT,
+    grpc.StatusCode.DEADLINE_EXCEEDED: TIMEOUT,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: OVERLOADED,
+    grpc.StatusCode.CANCELLED: CANCELLED,
+    grpc.StatusCode.INVALID_ARGUMENT: BAD_REQUEST,
+    grpc.StatusCode.FAILED_PRECONDITION: BAD_REQUEST,
+    grpc.StatusCode.OUT_OF_RANGE: BAD_REQUEST,
+    grpc.StatusCode.NOT_FOUND: BAD_REQUEST,
+    grpc.StatusCode.ALREADY_EXISTS: BAD_REQUEST,
+    grpc.StatusCode.UNIMPLEMENTED: BAD_REQUEST,
+    grpc.StatusCode.ABORTED: DISCONNECTED,
+}
+
+
+def kind_of_status(code: grpc.StatusCode) -> str:
+    return _STATUS_KIND.get(code, ENGINE_ERROR)
+
+
+def kind_of_exception(exc: BaseException) -> str:
+    """Remap anything raised while talking to an engine to a kind."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return kind_of_status(exc.code())
+    if isinstance(exc, (ConnectionError, OSError)):
+        return CANNOT_CONNECT
+    if isinstance(exc, TimeoutError):
+        return TIMEOUT
+    return ENGINE_ERROR
+
+
+class SwitchyardError(Exception):
+    """Base of every Switchyard exception."""
+
+
+class EngineError(SwitchyardError):
+    def __init__(self, kind: str, message: str, instance_id: int | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.instance_id = instance_id
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, instance_id: int | None = None) -> EngineError:
+        if isinstance(exc, grpc.aio.AioRpcError):
+            message = f"{exc.code().name}: {exc.details() or ''}".rstrip(": ")
+        else:
+            message = f"{type(exc).__name__}: {exc}"
+        return cls(kind_of_exception(exc), message, instance_id)
+
+    def __repr__(self) -> str:
+        return f"EngineError(kind={self.kind!r}, instance_id={self.instance_id}, {self.message!r})"

@@ -1,0 +1,118 @@
+"""ZMQ helpers shared by the services: sockets with sane options, and a DEALER client that
+matches replies to callers by request id (one socket serves many concurrent requests)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from switchyard.protos.codec import encode
+
+log = logging.getLogger(__name__)
+
+
+def new_socket(
+    ctx: zmq.asyncio.Context,
+    kind: int,
+    *,
+    bind: str | None = None,
+    connect: list[str] | tuple[str, ...] = (),
+) -> zmq.asyncio.Socket:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    # Unbounded queues: a slow peer must not silently drop per-token messages.
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    if kind == zmq.ROUTER:
+        # Fail loudly instead of dropping a reply to a peer that went away.
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    if bind:
+        sock.bind(bind)
+    for endpoint in connect:
+        sock.connect(endpoint)
+    return sock
+
+
+class DealerClient:
+    """A DEALER connected to one service endpoint. `handle(reply)` is called for every reply
+    by the reader task; subclasses route replies to their waiters by request id."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        decoder: msgspec.msgpack.Decoder,
+        ctx: zmq.asyncio.Context | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self._ctx = ctx or zmq.asyncio.Context.instance()
+        self._sock = new_socket(self._ctx, zmq.DEALER, connect=[endpoint])
+        self._decoder = decoder
+        self._reader: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._reader is None:
+            self._reader = asyncio.create_task(self._read_loop(), name=f"dealer:{self.endpoint}")
+
+    async def send(self, message: Any) -> None:
+        await self._sock.send(encode(message), copy=False)
+
+    def handle(self, reply: Any) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    async def _read_loop(self) -> None:
+        decode = self._decoder.decode
+        recv = self._sock.recv
+        while True:
+            frame = await recv(copy=False)
+            try:
+                reply = decode(frame.buffer)
+            except msgspec.DecodeError:
+                log.warning("undecodable reply from %s", self.endpoint)
+                continue
+            self.handle(reply)
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+            self._reader = None
+        self._sock.close(linger=0)
+
+
+class RequestReplyClient(DealerClient):
+    """One reply per request, matched by `key(reply)`."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        decoder: msgspec.msgpack.Decoder,
+        key: Callable[[Any], str],
+        ctx: zmq.asyncio.Context | None = None,
+    ) -> None:
+        super().__init__(endpoint, decoder, ctx)
+        self._key = key
+        self._waiters: dict[str, asyncio.Future[Any]] = {}
+
+    async def call(self, request_id: str, message: Any, timeout: float) -> Any:
+        """Send and wait for the reply; raises TimeoutError when none comes in time."""
+        self.start()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiters[request_id] = future
+        try:
+            await self.send(message)
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            self._waiters.pop(request_id, None)
+
+    def handle(self, reply: Any) -> None:
+        future = self._waiters.pop(self._key(reply), None)
+        if future is not None and not future.done():
+            future.set_result(reply)

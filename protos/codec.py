@@ -1,0 +1,18 @@
+"""Encoders and decoders per channel: one decoder per union keeps decoding strict and fast."""
+
+from __future__ import annotations
+
+import msgspec
+
+from switchyard.protos import messages as m
+
+encoder = msgspec.msgpack.Encoder()
+encode = encoder.encode
+
+fleet_control_request = msgspec.msgpack.Decoder(m.FleetControlRequest)
+fleet_control_reply = msgspec.msgpack.Decoder(m.FleetControlReply)
+fleet_update = msgspec.msgpack.Decoder(m.FleetUpdate)
+router_request = msgspec.msgpack.Decoder(m.RouterRequest)
+route_response = msgspec.msgpack.Decoder(m.RouteResponse)
+dispatcher_request = msgspec.msgpack.Decoder(m.DispatcherRequest)
+dispatcher_reply = msgspec.msgpack.Decoder(m.DispatcherReply)

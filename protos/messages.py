@@ -1,0 +1,186 @@
+"""Messages between Switchyard's services, defined once.
+
+Every message is a tagged msgspec Struct, msgpack-encoded on ZMQ. Tags are short because the
+per-token messages (`TokenDelta`) are on the hot path. Channels:
+
+    fleet      ROUTER  <- SnapshotRequest, InstanceDownReport      -> Snapshot, Ack
+    fleet      PUB     -> FleetUpdate (ordered by version)
+    router     ROUTER  <- RouteRequest, RouteProgress              -> RouteResponse
+    dispatcher ROUTER  <- GenerateRequest, CancelRequest           -> TokenDelta, GenerateFinished,
+                                                                      GenerateFailed
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+# Instance roles. An engine that reports none is "aggregated" unless the operator lists it as
+# prefill (then the others become "decode").
+ROLE_AGGREGATED = "aggregated"
+ROLE_PREFILL = "prefill"
+ROLE_DECODE = "decode"
+
+PROTOCOL_SGLANG = "sglang"
+PROTOCOL_VLLM = "vllm"
+
+
+class Instance(msgspec.Struct, frozen=True, kw_only=True):
+    """One engine as fleet knows it. Equality of two records means "nothing changed"."""
+
+    instance_id: int  # stable u64 from the normalized URL (switchyard.common.instance_id)
+    url: str  # normalized grpc://host:port
+    protocol: str  # PROTOCOL_SGLANG | PROTOCOL_VLLM
+    model: str  # served model name
+    context_length: int  # longest prompt + completion the engine accepts
+    block_size: int  # KV block (page) size in tokens
+    role: str = ROLE_AGGREGATED
+    bootstrap_port: int | None = None  # SGLang disaggregation bootstrap port
+    kv_events_endpoint: str | None = None
+    kv_replay_endpoint: str | None = None
+    max_running_requests: int = 0  # 0 when the engine does not say
+
+
+# ---- fleet -------------------------------------------------------------------------------
+
+
+class InstanceAdded(msgspec.Struct, frozen=True, tag="added"):
+    instance: Instance
+
+
+class InstanceRemoved(msgspec.Struct, frozen=True, tag="removed"):
+    instance_id: int
+    url: str
+
+
+class InstanceUpdated(msgspec.Struct, frozen=True, tag="updated"):
+    instance: Instance
+
+
+InstanceEvent = InstanceAdded | InstanceRemoved | InstanceUpdated
+
+
+class FleetUpdate(msgspec.Struct, frozen=True, tag="fleet_update"):
+    """Published on fleet's PUB socket. `version` grows by one per update; a consumer that
+    sees a gap asks for a new snapshot."""
+
+    version: int
+    events: list[InstanceEvent]
+
+
+class SnapshotRequest(msgspec.Struct, frozen=True, tag="snapshot_request"):
+    pass
+
+
+class Snapshot(msgspec.Struct, frozen=True, tag="snapshot"):
+    """The routable instance set as of `version` (events with version <= this are in it)."""
+
+    version: int
+    instances: list[Instance]
+
+
+class InstanceDownReport(msgspec.Struct, frozen=True, tag="instance_down"):
+    """A service saw a fault that means the engine is unreachable (see common.errors)."""
+
+    instance_id: int
+    kind: str
+    detail: str = ""
+
+
+class Ack(msgspec.Struct, frozen=True, tag="ack"):
+    pass
+
+
+FleetControlRequest = SnapshotRequest | InstanceDownReport
+FleetControlReply = Snapshot | Ack
+
+# ---- router ------------------------------------------------------------------------------
+
+
+class RouteRequest(msgspec.Struct, frozen=True, kw_only=True, tag="route"):
+    request_id: str
+    model: str
+    token_ids: list[int]
+    exclude: list[int] = []  # instance ids that already failed this request
+
+
+class RouteResponse(msgspec.Struct, frozen=True, kw_only=True, tag="routed"):
+    request_id: str
+    instance_id: int | None  # None: no instance can take it (see `error`)
+    error: str = ""
+    overlap_blocks: int = 0
+
+
+# RouteProgress stages: the router frees its load bookkeeping with them.
+STAGE_FIRST_TOKEN = "first_token"
+STAGE_FINISHED = "finished"
+
+
+class RouteProgress(msgspec.Struct, frozen=True, tag="progress"):
+    """Fire-and-forget notice from the preprocessor; a lost one expires in the router."""
+
+    request_id: str
+    instance_id: int
+    stage: str
+
+
+RouterRequest = RouteRequest | RouteProgress
+
+# ---- dispatcher --------------------------------------------------------------------------
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
+    """Engine-neutral sampling. Every field is explicit: proto3 would turn a missing value
+    into 0, so the adapters always send these."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: no top-k
+    min_p: float = 0.0
+    min_tokens: int = 0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+
+
+class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True, tag="generate"):
+    request_id: str
+    instance_id: int
+    token_ids: list[int]
+    sampling: SamplingParams
+
+
+class CancelRequest(msgspec.Struct, frozen=True, tag="cancel"):
+    request_id: str
+
+
+class TokenDelta(msgspec.Struct, frozen=True, array_like=True, tag="d"):
+    """New output tokens of a request. Replies are array-encoded: TokenDelta is per-token."""
+
+    request_id: str
+    token_ids: list[int]
+
+
+class GenerateFinished(msgspec.Struct, frozen=True, kw_only=True, array_like=True, tag="f"):
+    request_id: str
+    finish_reason: str  # "stop" | "length" | "abort"
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    matched_token_id: int | None = None
+
+
+class GenerateFailed(msgspec.Struct, frozen=True, kw_only=True, array_like=True, tag="x"):
+    """The engine or the transport failed the request; `kind` is a common.errors kind."""
+
+    request_id: str
+    instance_id: int
+    kind: str
+    message: str
+
+
+DispatcherRequest = GenerateRequest | CancelRequest
+DispatcherReply = TokenDelta | GenerateFinished | GenerateFailed

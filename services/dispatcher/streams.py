@@ -1,0 +1,55 @@
+"""Run one generation on an engine and turn it into neutral replies for the caller.
+
+`run_generation` is the per-request hot path: token deltas go out as they arrive; a failure
+becomes one GenerateFailed with its kind; cancellation aborts the request on the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from switchyard.common import errors
+from switchyard.common.engines.base import EngineClient
+from switchyard.common.errors import EngineError
+from switchyard.protos.messages import GenerateFailed, GenerateRequest
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[object], Awaitable[None]]
+
+
+async def run_generation(
+    client: EngineClient,
+    request: GenerateRequest,
+    send: Send,
+    on_instance_down: Callable[[int, str, str], None],
+) -> None:
+    try:
+        async for event in client.generate(request):
+            await send(event)
+    except asyncio.CancelledError:
+        # The caller went away: tell the engine to drop the request, without waiting on it.
+        with contextlib.suppress(EngineError):
+            await asyncio.shield(client.abort(request.request_id))
+        raise
+    except EngineError as exc:
+        log.warning(
+            "generation failed request_id=%s instance_id=%d kind=%s: %s",
+            request.request_id,
+            request.instance_id,
+            exc.kind,
+            exc.message,
+        )
+        if exc.kind in errors.INSTANCE_DOWN:
+            on_instance_down(request.instance_id, exc.kind, exc.message)
+        await send(
+            GenerateFailed(
+                request_id=request.request_id,
+                instance_id=request.instance_id,
+                kind=exc.kind,
+                message=exc.message,
+            )
+        )

@@ -1,0 +1,62 @@
+"""In-flight bookkeeping per worker: added on route, prefill done at the first token, freed at
+the end. A notice that never comes (a preprocessor died) expires after `ttl` seconds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class _Entry:
+    instance_id: int
+    deadline: float
+    prefilling: bool = True
+
+
+class InFlightTracker:
+    def __init__(self, ttl: float = 600.0) -> None:
+        self.ttl = ttl
+        self._requests: dict[str, _Entry] = {}
+        self._in_flight: dict[int, int] = {}
+        self._in_prefill: dict[int, int] = {}
+
+    def in_flight(self, instance_id: int) -> int:
+        return self._in_flight.get(instance_id, 0)
+
+    def in_prefill(self, instance_id: int) -> int:
+        return self._in_prefill.get(instance_id, 0)
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def add(self, request_id: str, instance_id: int, now: float) -> None:
+        self.finish(request_id)  # a re-route (migration) replaces the old placement
+        self._requests[request_id] = _Entry(instance_id, now + self.ttl)
+        self._in_flight[instance_id] = self._in_flight.get(instance_id, 0) + 1
+        self._in_prefill[instance_id] = self._in_prefill.get(instance_id, 0) + 1
+
+    def first_token(self, request_id: str) -> None:
+        entry = self._requests.get(request_id)
+        if entry is not None and entry.prefilling:
+            entry.prefilling = False
+            self._in_prefill[entry.instance_id] -= 1
+
+    def finish(self, request_id: str) -> None:
+        entry = self._requests.pop(request_id, None)
+        if entry is None:
+            return
+        self._in_flight[entry.instance_id] -= 1
+        if entry.prefilling:
+            self._in_prefill[entry.instance_id] -= 1
+
+    def drop_instance(self, instance_id: int) -> None:
+        for request_id in [r for r, e in self._requests.items() if e.instance_id == instance_id]:
+            self.finish(request_id)
+        self._in_flight.pop(instance_id, None)
+        self._in_prefill.pop(instance_id, None)
+
+    def expire(self, now: float) -> int:
+        stale = [r for r, e in self._requests.items() if e.deadline <= now]
+        for request_id in stale:
+            self.finish(request_id)
+        return len(stale)
