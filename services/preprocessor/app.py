@@ -1,0 +1,243 @@
+"""The OpenAI HTTP edge: FastAPI routes, error bodies, streaming.
+
+Request bodies are read raw and validated by openai_requests (no pydantic on the request
+path); responses are pre-encoded bytes from sse. Errors become OpenAI-shaped bodies here and
+only here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from switchyard.common import errors as kinds
+from switchyard.common.errors import EngineError
+from switchyard.preprocessor import sse
+from switchyard.preprocessor.errors import (
+    INVALID_REQUEST,
+    ModelNotFoundError,
+    RequestError,
+    ServiceUnavailableError,
+    error_body,
+)
+from switchyard.preprocessor.openai_requests import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingOptions,
+    check_context,
+    parse_chat_completion,
+    parse_completion,
+)
+from switchyard.preprocessor.pipeline import GenerationInput, NoWorker
+from switchyard.preprocessor.state import PreprocessorState
+from switchyard.preprocessor.text_stream import Outcome, text_deltas
+from switchyard.protos.messages import SamplingParams
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+_STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _json(body: bytes, status: int = 200) -> Response:
+    return Response(body, status_code=status, media_type=JSON)
+
+
+def _error(exc: RequestError) -> Response:
+    return _json(exc.body(), exc.status)
+
+
+def _request_error(exc: BaseException) -> RequestError:
+    """Pipeline failures -> the client-facing error."""
+    if isinstance(exc, RequestError):
+        return exc
+    if isinstance(exc, NoWorker):
+        if exc.reason == "unknown_model":
+            return ModelNotFoundError(exc.model)
+        return ServiceUnavailableError(str(exc))
+    if isinstance(exc, EngineError):
+        if exc.kind == kinds.BAD_REQUEST:
+            return RequestError(
+                400,
+                f"The engine rejected the request: {exc.message}",
+                INVALID_REQUEST,
+                "engine_rejected",
+            )
+        if exc.kind in kinds.MIGRATABLE:
+            return ServiceUnavailableError(
+                f"No engine could serve the request: {exc.message}", "engine_unavailable"
+            )
+        return RequestError(
+            500, f"The engine failed: {exc.message}", "server_error", "engine_error"
+        )
+    log.exception("unexpected failure", exc_info=exc)
+    return RequestError(500, "Internal error", "server_error", "internal_error")
+
+
+def _sampling(opts: SamplingOptions, max_tokens: int) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=opts.temperature,
+        top_p=opts.top_p,
+        top_k=-1 if opts.top_k is None else opts.top_k,
+        min_tokens=min(opts.min_tokens, max_tokens),
+        repetition_penalty=opts.repetition_penalty,
+        presence_penalty=opts.presence_penalty,
+        frequency_penalty=opts.frequency_penalty,
+        seed=opts.seed,
+        ignore_eos=opts.ignore_eos,
+    )
+
+
+def create_app(state: PreprocessorState) -> FastAPI:
+    app = FastAPI(title="Switchyard", lifespan=state.lifespan, docs_url=None, redoc_url=None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        code = "not_found" if exc.status_code == 404 else "http_error"
+        return _json(error_body(str(exc.detail), INVALID_REQUEST, code), exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        return _error(_request_error(exc))
+
+    @app.get("/health")
+    async def health() -> Response:
+        return _json(b'{"status":"ok"}')
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        missing = state.not_ready_reason()
+        if missing:
+            return _json(error_body(missing, "service_unavailable", "not_ready"), 503)
+        return _json(b'{"status":"ready"}')
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        return _json(state.models_body())
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        try:
+            req = parse_chat_completion(await request.body())
+            return await _serve(state, req, "chatcmpl")
+        except RequestError as exc:
+            return _error(exc)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        try:
+            req = parse_completion(await request.body())
+            return await _serve(state, req, "cmpl")
+        except RequestError as exc:
+            return _error(exc)
+
+    return app
+
+
+async def _serve(
+    state: PreprocessorState, req: ChatCompletionRequest | CompletionRequest, prefix: str
+) -> Response:
+    entry = state.catalog.get(req.model)
+    if entry is None:
+        raise ModelNotFoundError(req.model)
+    tokenizer = state.require_tokenizer()
+    if isinstance(req, ChatCompletionRequest):
+        prompt_ids = tokenizer.encode(tokenizer.chat_template.render(req.messages))
+        param = "messages"
+    elif isinstance(req.prompt, str):
+        prompt_ids = tokenizer.encode(req.prompt)
+        param = "prompt"
+    else:
+        prompt_ids = list(req.prompt)
+        param = "prompt"
+    if not prompt_ids:
+        raise RequestError(400, "The prompt is empty.", INVALID_REQUEST, "invalid_value", param)
+    max_tokens = check_context(
+        len(prompt_ids), req.sampling.max_tokens, entry.context_length, param
+    )
+    request_id = f"{prefix}-{uuid.uuid4().hex}"
+    inp = GenerationInput(request_id, req.model, prompt_ids, _sampling(req.sampling, max_tokens))
+    texts = text_deltas(state.pipeline.generate(inp), tokenizer, prompt_ids, req.sampling.stop)
+    created = int(time.time())
+    chat = isinstance(req, ChatCompletionRequest)
+    if not req.stream:
+        return await _collect(texts, request_id, req.model, created, chat)
+    # Wait for the first event before answering, so failures before the first token still
+    # get a proper HTTP status instead of an error inside a 200 stream.
+    try:
+        first = await anext(texts)
+    except BaseException as exc:
+        await texts.aclose()
+        raise _request_error(exc) from None
+    frames = (
+        sse.ChatStream(request_id, req.model, created)
+        if chat
+        else sse.CompletionStream(request_id, req.model, created)
+    )
+    body = _stream(texts, first, frames, chat, req.include_usage)
+    return StreamingResponse(body, media_type="text/event-stream", headers=_STREAM_HEADERS)
+
+
+async def _collect(
+    texts: AsyncIterator[str | Outcome], request_id: str, model: str, created: int, chat: bool
+) -> Response:
+    parts: list[str] = []
+    try:
+        async for item in texts:
+            if type(item) is str:
+                parts.append(item)
+            else:
+                outcome = item
+    except Exception as exc:
+        raise _request_error(exc) from None
+    build = sse.chat_completion_body if chat else sse.text_completion_body
+    return _json(
+        build(
+            request_id,
+            model,
+            created,
+            "".join(parts),
+            outcome.finish_reason,
+            outcome.prompt_tokens,
+            outcome.completion_tokens,
+            outcome.cached_tokens,
+        )
+    )
+
+
+async def _stream(
+    texts: AsyncIterator[str | Outcome],
+    first: str | Outcome,
+    frames: sse.ChatStream | sse.CompletionStream,
+    chat: bool,
+    include_usage: bool,
+) -> AsyncIterator[bytes]:
+    if chat:
+        yield frames.first()  # type: ignore[union-attr]
+    item = first
+    try:
+        while True:
+            if type(item) is str:
+                yield frames.delta(item)
+            else:
+                outcome: Outcome = item  # type: ignore[assignment]
+                yield frames.finish(outcome.finish_reason)
+                if include_usage:
+                    yield frames.usage(
+                        outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens
+                    )
+                break
+            item = await anext(texts)
+    except Exception as exc:
+        err = _request_error(exc)
+        yield sse.sse_error(err.message, err.type, err.code, err.param)
+    finally:
+        await texts.aclose()
+    yield sse.DONE

@@ -1,0 +1,162 @@
+"""The request path after tokenization: route -> dispatch -> stream -> (migrate on fault).
+
+`Pipeline.generate` yields TokenDelta messages and then one GenerateFinished whose counts cover
+the whole request, whatever happened on the way. A migratable fault (engine unreachable,
+stream cut or silent for `idle_timeout`, engine overloaded) re-routes the request, excluding
+the instances that failed, and resends prompt + tokens generated so far with max_tokens
+reduced: the engines are deterministic per context, so the caller sees one stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import msgspec
+
+from switchyard.common import errors
+from switchyard.common.errors import EngineError
+from switchyard.preprocessor.dispatcher_client import DispatcherClient
+from switchyard.preprocessor.router_client import RouterClient
+from switchyard.protos.messages import (
+    STAGE_FINISHED,
+    STAGE_FIRST_TOKEN,
+    GenerateFailed,
+    GenerateFinished,
+    GenerateRequest,
+    RouteRequest,
+    SamplingParams,
+    TokenDelta,
+)
+
+log = logging.getLogger(__name__)
+
+
+class NoWorker(errors.SwitchyardError):
+    """No instance can take the request: `reason` is the router's error code."""
+
+    def __init__(self, reason: str, message: str, model: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.model = model
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationInput:
+    request_id: str
+    model: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+
+
+class Pipeline:
+    def __init__(
+        self,
+        router: RouterClient,
+        dispatcher: DispatcherClient,
+        *,
+        route_timeout: float = 5.0,
+        idle_timeout: float = 60.0,
+        migration_limit: int = 3,
+    ) -> None:
+        self.router = router
+        self.dispatcher = dispatcher
+        self.route_timeout = route_timeout
+        self.idle_timeout = idle_timeout
+        self.migration_limit = migration_limit
+
+    async def _route(self, inp: GenerationInput, exclude: list[int]) -> int:
+        try:
+            reply = await self.router.route(
+                RouteRequest(
+                    request_id=inp.request_id,
+                    model=inp.model,
+                    token_ids=inp.prompt_ids,
+                    exclude=exclude,
+                ),
+                self.route_timeout,
+            )
+        except TimeoutError:
+            raise NoWorker("router_timeout", "the router did not answer in time") from None
+        if reply.instance_id is None:
+            raise NoWorker(reply.error, f"no engine available for model {inp.model!r}", inp.model)
+        return reply.instance_id
+
+    async def generate(self, inp: GenerationInput) -> AsyncIterator[TokenDelta | GenerateFinished]:
+        generated: list[int] = []
+        exclude: list[int] = []
+        sampling = inp.sampling
+        for attempt in range(self.migration_limit + 1):
+            instance_id = await self._route(inp, exclude)
+            attempt_id = inp.request_id if attempt == 0 else f"{inp.request_id}.m{attempt}"
+            request = GenerateRequest(
+                request_id=attempt_id,
+                instance_id=instance_id,
+                token_ids=inp.prompt_ids + generated if generated else inp.prompt_ids,
+                sampling=msgspec.structs.replace(
+                    sampling,
+                    max_tokens=sampling.max_tokens - len(generated),
+                    min_tokens=max(0, sampling.min_tokens - len(generated)),
+                ),
+            )
+            failure = None
+            engine_done = False  # the dispatcher sent its last reply for this attempt
+            stream = await self.dispatcher.open(request)
+            try:
+                get = stream.queue.get
+                while True:
+                    try:
+                        reply = await asyncio.wait_for(get(), self.idle_timeout)
+                    except TimeoutError:
+                        failure = GenerateFailed(
+                            request_id=attempt_id,
+                            instance_id=instance_id,
+                            kind=errors.DISCONNECTED,
+                            message=f"no reply for {self.idle_timeout:g}s",
+                        )
+                        break
+                    if type(reply) is TokenDelta:
+                        if not generated:
+                            await self.router.progress(
+                                inp.request_id, instance_id, STAGE_FIRST_TOKEN
+                            )
+                        generated.extend(reply.token_ids)
+                        yield reply
+                    elif type(reply) is GenerateFinished:
+                        engine_done = True
+                        yield msgspec.structs.replace(
+                            reply,
+                            request_id=inp.request_id,
+                            prompt_tokens=len(inp.prompt_ids),
+                            completion_tokens=len(generated),
+                        )
+                        return
+                    else:
+                        engine_done = True
+                        failure = reply
+                        break
+            finally:
+                if engine_done:
+                    stream.close()
+                else:  # the caller went away, stopped early, or the stream went silent
+                    await stream.cancel()
+                await self.router.progress(inp.request_id, instance_id, STAGE_FINISHED)
+            if failure.kind not in errors.MIGRATABLE:
+                raise EngineError(failure.kind, failure.message, failure.instance_id)
+            exclude.append(instance_id)
+            if attempt < self.migration_limit:
+                log.warning(
+                    "migrating request_id=%s from instance_id=%d kind=%s after %d tokens: %s",
+                    inp.request_id,
+                    instance_id,
+                    failure.kind,
+                    len(generated),
+                    failure.message,
+                )
+        raise EngineError(
+            failure.kind,
+            f"gave up after {self.migration_limit} migrations: {failure.message}",
+            failure.instance_id,
+        )

@@ -1,0 +1,123 @@
+"""The preprocessor's object graph and lifecycle: fleet follower, router and dispatcher
+clients, the tokenizer, and the model catalog derived from fleet's instance set."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from switchyard.common.fleet_client import FleetClient
+from switchyard.preprocessor.catalog import ModelEntry, build_catalog
+from switchyard.preprocessor.dispatcher_client import DispatcherClient
+from switchyard.preprocessor.errors import ServiceUnavailableError
+from switchyard.preprocessor.pipeline import Pipeline
+from switchyard.preprocessor.router_client import RouterClient
+from switchyard.preprocessor.tokenizer import TokenizerBundle
+from switchyard.preprocessor.tokenizer_source import fetch_from_engines
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PreprocessorConfig:
+    router: str
+    dispatchers: list[str]
+    fleet_control: str
+    fleet_events: str
+    tokenizer_dir: Path | None = None
+    route_timeout: float = 5.0
+    stream_idle_timeout: float = 60.0
+    migration_limit: int = 3
+
+    def __post_init__(self) -> None:
+        if not self.dispatchers:
+            raise ValueError("at least one dispatcher endpoint is needed")
+        if self.route_timeout <= 0 or self.stream_idle_timeout <= 0:
+            raise ValueError("timeouts must be positive")
+        if self.migration_limit < 0:
+            raise ValueError("--migration-limit must be >= 0")
+
+
+@dataclass
+class PreprocessorState:
+    config: PreprocessorConfig
+    catalog: dict[str, ModelEntry] = field(default_factory=dict)
+    tokenizer: TokenizerBundle | None = None
+
+    def __post_init__(self) -> None:
+        cfg = self.config
+        self.fleet = FleetClient(cfg.fleet_control, cfg.fleet_events, on_change=self._on_change)
+        self.router = RouterClient(cfg.router)
+        self.dispatcher = DispatcherClient(cfg.dispatchers)
+        self.pipeline = Pipeline(
+            self.router,
+            self.dispatcher,
+            route_timeout=cfg.route_timeout,
+            idle_timeout=cfg.stream_idle_timeout,
+            migration_limit=cfg.migration_limit,
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def _on_change(self, events: object) -> None:
+        self.catalog = build_catalog(self.fleet.instances)
+
+    def not_ready_reason(self) -> str:
+        if self.tokenizer is None:
+            return "the tokenizer is not loaded yet"
+        if not self.catalog:
+            return "no engine is routable"
+        return ""
+
+    def require_tokenizer(self) -> TokenizerBundle:
+        if self.tokenizer is None:
+            raise ServiceUnavailableError("The tokenizer is not loaded yet.", "not_ready")
+        return self.tokenizer
+
+    def models_body(self) -> bytes:
+        return orjson.dumps(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": e.name,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "switchyard",
+                        "max_model_len": e.context_length,
+                    }
+                    for e in sorted(self.catalog.values(), key=lambda e: e.name)
+                ],
+            }
+        )
+
+    async def _load_tokenizer(self) -> None:
+        if self.config.tokenizer_dir is not None:
+            self.tokenizer = await asyncio.to_thread(
+                TokenizerBundle.from_dir, self.config.tokenizer_dir
+            )
+            log.info("tokenizer loaded from %s", self.config.tokenizer_dir)
+        else:
+            self.tokenizer = await fetch_from_engines(lambda: self.fleet.instances)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: object) -> AsyncIterator[None]:
+        self.router.start()
+        self.dispatcher.start()
+        await self.fleet.start()
+        self.catalog = build_catalog(self.fleet.instances)
+        self._tasks.append(asyncio.create_task(self._load_tokenizer()))
+        try:
+            yield
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self.fleet.close()
+            await self.router.close()
+            await self.dispatcher.close()

@@ -1,0 +1,201 @@
+"""`switchyard up`: the whole local stack as child processes of one command.
+
+Mock engines (when asked), fleet, router, dispatcher(s) and the preprocessor, wired over free
+loopback ports. Ctrl-C, SIGTERM, or any child exiting stops every child.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+import time
+import urllib.error
+import urllib.request
+
+from switchyard.common import endpoints
+from switchyard.common.logs import setup_logging
+from switchyard.supervisor import ChildSpec, Supervisor
+
+log = logging.getLogger("switchyard.up")
+
+PROTOCOLS = ("sglang", "vllm")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _protocol_list(text: str) -> list[str]:
+    items = [p.strip() for p in text.split(",") if p.strip()]
+    for item in items:
+        if item not in PROTOCOLS:
+            raise argparse.ArgumentTypeError(f"{item!r} is not one of {', '.join(PROTOCOLS)}")
+    return items
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--mock-engines",
+        type=_protocol_list,
+        default=[],
+        help="comma-separated protocols of mock engines to start, e.g. sglang,vllm",
+    )
+    parser.add_argument(
+        "--worker",
+        action="append",
+        default=[],
+        help="engine URL grpc://host:port (repeatable), in addition to mocks",
+    )
+    parser.add_argument("--workers-file", default=None)
+    parser.add_argument("--prefill", action="append", default=[])
+    parser.add_argument("--http-host", default=endpoints.HTTP_HOST)
+    parser.add_argument("--http-port", type=int, default=endpoints.HTTP_PORT)
+    parser.add_argument("--router-mode", default="round_robin")
+    parser.add_argument("--dispatchers", type=int, default=1, help="dispatcher replicas")
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer folder for the preprocessor (default: from an engine)",
+    )
+    parser.add_argument("--mock-ttft-ms", type=float, default=20.0)
+    parser.add_argument("--mock-itl-ms", type=float, default=5.0)
+    parser.add_argument("--mock-speedup", type=float, default=1.0)
+    parser.add_argument("--model-name", default="deepseek-mock")
+    parser.add_argument("--log-level", default="INFO")
+
+
+def build_stack(args: argparse.Namespace) -> tuple[list[ChildSpec], list[str]]:
+    """The child processes to start, and the engine URLs they serve."""
+    py = [sys.executable, "-m", "switchyard"]
+    log_level = ["--log-level", args.log_level]
+    specs: list[ChildSpec] = []
+    workers = list(args.worker)
+    for index, protocol in enumerate(args.mock_engines):
+        port = free_port()
+        workers.append(f"grpc://127.0.0.1:{port}")
+        specs.append(
+            ChildSpec(
+                f"mock-engine-{index}-{protocol}",
+                py
+                + [
+                    "mock-engine",
+                    "--protocol",
+                    protocol,
+                    "--port",
+                    str(port),
+                    "--model-name",
+                    args.model_name,
+                    "--ttft-ms",
+                    str(args.mock_ttft_ms),
+                    "--itl-ms",
+                    str(args.mock_itl_ms),
+                    "--speedup",
+                    str(args.mock_speedup),
+                    *log_level,
+                ],
+            )
+        )
+    if not workers and not args.workers_file:
+        raise SystemExit("switchyard up: give --mock-engines, --worker or --workers-file")
+    fleet_control = f"tcp://127.0.0.1:{free_port()}"
+    fleet_events = f"tcp://127.0.0.1:{free_port()}"
+    router = f"tcp://127.0.0.1:{free_port()}"
+    dispatchers = [f"tcp://127.0.0.1:{free_port()}" for _ in range(args.dispatchers)]
+    fleet_flags = ["--fleet-control", fleet_control, "--fleet-events", fleet_events]
+    fleet_cmd = py + ["fleet", "--control", fleet_control, "--events", fleet_events, *log_level]
+    for url in workers:
+        fleet_cmd += ["--worker", url]
+    for url in args.prefill:
+        fleet_cmd += ["--prefill", url]
+    if args.workers_file:
+        fleet_cmd += ["--workers-file", args.workers_file]
+    specs.append(ChildSpec("fleet", fleet_cmd))
+    specs.append(
+        ChildSpec(
+            "router",
+            py
+            + [
+                "router",
+                "--bind",
+                router,
+                "--router-mode",
+                args.router_mode,
+                *fleet_flags,
+                *log_level,
+            ],
+        )
+    )
+    for index, endpoint in enumerate(dispatchers):
+        specs.append(
+            ChildSpec(
+                f"dispatcher-{index}",
+                py + ["dispatcher", "--bind", endpoint, *fleet_flags, *log_level],
+            )
+        )
+    pre = py + [
+        "preprocessor",
+        "--host",
+        args.http_host,
+        "--port",
+        str(args.http_port),
+        "--router",
+        router,
+        *fleet_flags,
+        *log_level,
+    ]
+    for endpoint in dispatchers:
+        pre += ["--dispatcher", endpoint]
+    if args.tokenizer:
+        pre += ["--tokenizer", args.tokenizer]
+    specs.append(ChildSpec("preprocessor", pre))
+    return specs, workers
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as reply:
+            return reply.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging("up", args.log_level)
+    specs, workers = build_stack(args)
+    supervisor = Supervisor()
+    stopping = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    base = f"http://{args.http_host}:{args.http_port}"
+    announced = False
+    code = 0
+    try:
+        for spec in specs:
+            supervisor.start(spec)
+        while not stopping:
+            exited = supervisor.first_exited()
+            if exited is not None:
+                log.error("%s exited with code %d; stopping the stack", *exited)
+                code = 1
+                break
+            if not announced and _ready(base + "/ready"):
+                announced = True
+                log.info(
+                    "Switchyard is serving the OpenAI API on %s/v1 (engines: %s)",
+                    base,
+                    ", ".join(workers) or args.workers_file,
+                )
+            time.sleep(0.2)
+    finally:
+        supervisor.stop_all()
+    return code
