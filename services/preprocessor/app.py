@@ -146,6 +146,8 @@ async def _serve(
 ) -> Response:
     entry = state.catalog.get(req.model)
     if entry is None:
+        if not state.catalog:
+            raise ServiceUnavailableError("No engine is available: none is routable right now.")
         raise ModelNotFoundError(req.model)
     tokenizer = state.require_tokenizer()
     if isinstance(req, ChatCompletionRequest):
@@ -157,6 +159,14 @@ async def _serve(
     else:
         prompt_ids = list(req.prompt)
         param = "prompt"
+        if max(prompt_ids, default=0) >= tokenizer.vocab_size:
+            raise RequestError(
+                400,
+                f"Token ids must be below the vocabulary size {tokenizer.vocab_size}.",
+                INVALID_REQUEST,
+                "invalid_value",
+                param,
+            )
     if not prompt_ids:
         raise RequestError(400, "The prompt is empty.", INVALID_REQUEST, "invalid_value", param)
     max_tokens = check_context(

@@ -1,0 +1,76 @@
+"""Errors raised by the preprocessor, and their OpenAI-shaped JSON body.
+
+    Exception
+     +-- RequestError(status, message, type, code, param)   becomes an HTTP error at the edge
+     |    +-- InvalidRequestError        400  invalid_request_error
+     |    |     codes: invalid_json, missing_field, invalid_value, context_length_exceeded
+     |    +-- ModelNotFoundError         404  not_found_error       code model_not_found
+     |    +-- ServiceUnavailableError    503  service_unavailable   code no_engine_available
+     +-- TokenizerLoadError                   a tokenizer folder or zip could not be loaded
+
+`code` is a stable string clients may branch on; `message` is for humans.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+INVALID_REQUEST = "invalid_request_error"
+NOT_FOUND = "not_found_error"
+SERVICE_UNAVAILABLE = "service_unavailable"
+
+INVALID_JSON = "invalid_json"
+MISSING_FIELD = "missing_field"
+INVALID_VALUE = "invalid_value"
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+MODEL_NOT_FOUND = "model_not_found"
+NO_ENGINE_AVAILABLE = "no_engine_available"
+
+
+def error_body(message: str, type: str, code: str, param: str | None = None) -> bytes:
+    """OpenAI's error shape: `{"error": {"message", "type", "param", "code"}}`."""
+    return orjson.dumps({"error": {"message": message, "type": type, "param": param, "code": code}})
+
+
+class RequestError(Exception):
+    """A request that fails with an HTTP status and an OpenAI error body."""
+
+    def __init__(
+        self, status: int, message: str, type: str, code: str, param: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.code = code
+        self.param = param
+
+    def body(self) -> bytes:
+        return error_body(self.message, self.type, self.code, self.param)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(status={self.status}, code={self.code!r}, "
+            f"param={self.param!r}, message={self.message!r})"
+        )
+
+
+class InvalidRequestError(RequestError):
+    def __init__(self, message: str, code: str = INVALID_VALUE, param: str | None = None) -> None:
+        super().__init__(400, message, INVALID_REQUEST, code, param)
+
+
+class ModelNotFoundError(RequestError):
+    def __init__(self, model: str) -> None:
+        super().__init__(
+            404, f"The model '{model}' does not exist.", NOT_FOUND, MODEL_NOT_FOUND, "model"
+        )
+
+
+class ServiceUnavailableError(RequestError):
+    def __init__(self, message: str, code: str = NO_ENGINE_AVAILABLE) -> None:
+        super().__init__(503, message, SERVICE_UNAVAILABLE, code)
+
+
+class TokenizerLoadError(Exception):
+    """A tokenizer folder or zip is missing files, malformed, or unsafe to unpack."""

@@ -1,0 +1,167 @@
+"""OpenAI response bytes: SSE chunks for streaming, whole bodies otherwise.
+
+Per request, `ChatStream` / `CompletionStream` render the constant head of every chunk
+(id, object, created, model) once; a content chunk is then that head, one `orjson.dumps`
+of the text and a constant tail. Frames are `b"data: " + json + b"\\n\\n"`; the stream ends
+with `DONE`. A failure after the stream started is sent as `sse_error(...)` before `DONE`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from .errors import error_body
+
+DONE = b"data: [DONE]\n\n"
+_END = b"\n\n"
+
+
+def usage_dict(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def _head(completion_id: str, obj: str, created: int, model: str) -> bytes:
+    return b"".join(
+        (
+            b'{"id":',
+            orjson.dumps(completion_id),
+            b',"object":"',
+            obj.encode(),
+            b'","created":',
+            str(int(created)).encode(),
+            b',"model":',
+            orjson.dumps(model),
+        )
+    )
+
+
+class ChatStream:
+    """The `chat.completion.chunk` frames of one streamed chat completion."""
+
+    __slots__ = ("_head", "_content_pre", "_finish_pre")
+
+    _CONTENT_POST = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+    _FINISH_POST = b"}]}\n\n"
+
+    def __init__(self, completion_id: str, model: str, created: int) -> None:
+        self._head = b"data: " + _head(completion_id, "chat.completion.chunk", created, model)
+        self._content_pre = self._head + b',"choices":[{"index":0,"delta":{"content":'
+        self._finish_pre = self._head + b',"choices":[{"index":0,"delta":{},"logprobs":null,'
+
+    def first(self) -> bytes:
+        """The opening chunk: role "assistant", empty content."""
+        return self._head + (
+            b',"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
+            b'"logprobs":null,"finish_reason":null}]}\n\n'
+        )
+
+    def delta(self, text: str) -> bytes:
+        return self._content_pre + orjson.dumps(text) + self._CONTENT_POST
+
+    def finish(self, finish_reason: str) -> bytes:
+        """The last choice chunk: empty delta and the finish reason ("stop", "length")."""
+        return b"".join(
+            (self._finish_pre, b'"finish_reason":', orjson.dumps(finish_reason), self._FINISH_POST)
+        )
+
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> bytes:
+        """The include_usage chunk: no choices, the request's usage."""
+        usage = orjson.dumps(usage_dict(prompt_tokens, completion_tokens, cached_tokens))
+        return self._head + b',"choices":[],"usage":' + usage + b"}" + _END
+
+
+class CompletionStream:
+    """The `text_completion` frames of one streamed /v1/completions request."""
+
+    __slots__ = ("_head", "_text_pre")
+
+    _TEXT_POST = b',"logprobs":null,"finish_reason":null}]}\n\n'
+
+    def __init__(self, completion_id: str, model: str, created: int) -> None:
+        self._head = b"data: " + _head(completion_id, "text_completion", created, model)
+        self._text_pre = self._head + b',"choices":[{"index":0,"text":'
+
+    def delta(self, text: str) -> bytes:
+        return self._text_pre + orjson.dumps(text) + self._TEXT_POST
+
+    def finish(self, finish_reason: str) -> bytes:
+        return (
+            self._text_pre
+            + b'"","logprobs":null,"finish_reason":'
+            + orjson.dumps(finish_reason)
+            + b"}]}"
+            + _END
+        )
+
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> bytes:
+        usage = orjson.dumps(usage_dict(prompt_tokens, completion_tokens, cached_tokens))
+        return self._head + b',"choices":[],"usage":' + usage + b"}" + _END
+
+
+def chat_completion_body(
+    completion_id: str,
+    model: str,
+    created: int,
+    text: str,
+    finish_reason: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int = 0,
+) -> bytes:
+    """A non-streaming `chat.completion` response body."""
+    return orjson.dumps(
+        {
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": int(created),
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": None,
+                    "finish_reason": finish_reason,
+                }
+            ],
+            "usage": usage_dict(prompt_tokens, completion_tokens, cached_tokens),
+        }
+    )
+
+
+def text_completion_body(
+    completion_id: str,
+    model: str,
+    created: int,
+    text: str,
+    finish_reason: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int = 0,
+) -> bytes:
+    """A non-streaming `text_completion` response body."""
+    return orjson.dumps(
+        {
+            "id": completion_id,
+            "object": "text_completion",
+            "created": int(created),
+            "model": model,
+            "choices": [
+                {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            ],
+            "usage": usage_dict(prompt_tokens, completion_tokens, cached_tokens),
+        }
+    )
+
+
+def sse_error(message: str, type: str, code: str, param: str | None = None) -> bytes:
+    """An error frame for a failure after the stream started (follow it with DONE)."""
+    return b"data: " + error_body(message, type, code, param) + _END

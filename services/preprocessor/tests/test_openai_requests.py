@@ -1,0 +1,346 @@
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from switchyard.preprocessor.errors import InvalidRequestError
+from switchyard.preprocessor.openai_requests import (
+    ChatMessage,
+    SamplingOptions,
+    check_context,
+    parse_chat_completion,
+    parse_completion,
+)
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def chat(**fields: Any) -> bytes:
+    body: dict[str, Any] = {"model": "m", "messages": USER}
+    body.update(fields)
+    return orjson.dumps({k: v for k, v in body.items() if v is not _DROP})
+
+
+def completion(**fields: Any) -> bytes:
+    body: dict[str, Any] = {"model": "m", "prompt": "hello"}
+    body.update(fields)
+    return orjson.dumps({k: v for k, v in body.items() if v is not _DROP})
+
+
+_DROP = object()
+
+
+def chat_error(body: bytes) -> InvalidRequestError:
+    with pytest.raises(InvalidRequestError) as info:
+        parse_chat_completion(body)
+    assert info.value.status == 400
+    return info.value
+
+
+def completion_error(body: bytes) -> InvalidRequestError:
+    with pytest.raises(InvalidRequestError) as info:
+        parse_completion(body)
+    assert info.value.status == 400
+    return info.value
+
+
+class TestChatHappyPath:
+    def test_minimal_gets_defaults(self) -> None:
+        req = parse_chat_completion(chat())
+        assert req.model == "m"
+        assert req.messages == (ChatMessage("user", "hi"),)
+        assert req.sampling == SamplingOptions()
+        assert req.stream is False and req.include_usage is False
+
+    def test_all_fields(self) -> None:
+        req = parse_chat_completion(
+            chat(
+                max_tokens=10,
+                temperature=0,
+                top_p=0.5,
+                top_k=40,
+                min_tokens=2,
+                seed=-7,
+                stop=["a", "b"],
+                n=1,
+                presence_penalty=-2,
+                frequency_penalty=1.5,
+                repetition_penalty=1.1,
+                ignore_eos=True,
+                stream=True,
+                stream_options={"include_usage": True},
+                logprobs=False,
+                user="someone",
+                some_unknown_key={"x": 1},
+            )
+        )
+        s = req.sampling
+        assert (s.max_tokens, s.temperature, s.top_p, s.top_k) == (10, 0.0, 0.5, 40)
+        assert (s.min_tokens, s.seed, s.stop) == (2, -7, ("a", "b"))
+        assert (s.presence_penalty, s.frequency_penalty, s.repetition_penalty) == (-2, 1.5, 1.1)
+        assert s.ignore_eos is True
+        assert isinstance(s.temperature, float)
+        assert req.stream is True and req.include_usage is True
+
+    def test_max_completion_tokens_wins(self) -> None:
+        req = parse_chat_completion(chat(max_tokens=5, max_completion_tokens=9))
+        assert req.sampling.max_tokens == 9
+        assert parse_chat_completion(chat(max_completion_tokens=3)).sampling.max_tokens == 3
+
+    def test_nulls_mean_defaults(self) -> None:
+        req = parse_chat_completion(
+            chat(max_tokens=None, temperature=None, top_k=None, stop=None, n=None, seed=None)
+        )
+        assert req.sampling == SamplingOptions()
+
+    def test_stop_string_and_empty_stops(self) -> None:
+        assert parse_chat_completion(chat(stop="###")).sampling.stop == ("###",)
+        assert parse_chat_completion(chat(stop="")).sampling.stop == ()
+        assert parse_chat_completion(chat(stop=["", "x", "x"])).sampling.stop == ("x",)
+
+    def test_include_usage_ignored_without_stream(self) -> None:
+        req = parse_chat_completion(chat(stream_options={"include_usage": True}))
+        assert req.include_usage is False
+
+    def test_top_k_minus_one(self) -> None:
+        assert parse_chat_completion(chat(top_k=-1)).sampling.top_k == -1
+
+    def test_roles_and_content_parts(self) -> None:
+        messages = [
+            {"role": "system", "content": "s"},
+            {"role": "developer", "content": "d"},
+            {"role": "user", "content": [{"type": "text", "text": t} for t in "ab"]},
+            {"role": "assistant", "content": None, "tool_calls": []},
+            {"role": "tool", "content": "r", "tool_call_id": "call_1"},
+            {"role": "user", "content": "u", "name": "bob"},
+        ]
+        req = parse_chat_completion(chat(messages=messages))
+        assert req.messages == (
+            ChatMessage("system", "s"),
+            ChatMessage("developer", "d"),
+            ChatMessage("user", ("a", "b")),
+            ChatMessage("assistant", ""),
+            ChatMessage("tool", "r", tool_call_id="call_1"),
+            ChatMessage("user", "u", name="bob"),
+        )
+
+    def test_frozen(self) -> None:
+        req = parse_chat_completion(chat())
+        with pytest.raises(AttributeError):
+            req.model = "x"  # type: ignore[misc]
+
+
+class TestChatErrors:
+    @pytest.mark.parametrize("body", [b"{", b"", b"not json", b'{"model": "m",}', b"\xff"])
+    def test_malformed_json(self, body: bytes) -> None:
+        err = chat_error(body)
+        assert err.code == "invalid_json"
+        assert "JSON" in err.message
+
+    @pytest.mark.parametrize("body", [b"[]", b'"x"', b"3", b"null"])
+    def test_body_not_an_object(self, body: bytes) -> None:
+        err = chat_error(body)
+        assert err.code == "invalid_json"
+        assert "JSON object" in err.message
+
+    @pytest.mark.parametrize("field", ["model", "messages"])
+    def test_missing_field(self, field: str) -> None:
+        err = chat_error(chat(**{field: _DROP}))
+        assert (err.code, err.param) == ("missing_field", field)
+        assert field in err.message
+
+    @pytest.mark.parametrize(
+        ("fields", "param"),
+        [
+            ({"model": 3}, "model"),
+            ({"model": ""}, "model"),
+            ({"messages": "hi"}, "messages"),
+            ({"messages": []}, "messages"),
+            ({"messages": ["hi"]}, "messages[0]"),
+            ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+            ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+            ({"messages": [{"role": "user", "content": "x", "name": 1}]}, "messages[0].name"),
+            ({"messages": [{"role": "user", "content": ["x"]}]}, "messages[0].content[0]"),
+            (
+                {"messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]},
+                "messages[0].content[0].text",
+            ),
+            ({"max_tokens": 0}, "max_tokens"),
+            ({"max_tokens": -5}, "max_tokens"),
+            ({"max_tokens": 1.5}, "max_tokens"),
+            ({"max_tokens": "10"}, "max_tokens"),
+            ({"max_completion_tokens": 0}, "max_completion_tokens"),
+            ({"temperature": 2.5}, "temperature"),
+            ({"temperature": -0.1}, "temperature"),
+            ({"temperature": "hot"}, "temperature"),
+            ({"temperature": True}, "temperature"),
+            ({"top_p": 0}, "top_p"),
+            ({"top_p": 1.01}, "top_p"),
+            ({"top_k": 0}, "top_k"),
+            ({"top_k": -2}, "top_k"),
+            ({"top_k": 2.0}, "top_k"),
+            ({"min_tokens": -1}, "min_tokens"),
+            ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
+            ({"seed": "1"}, "seed"),
+            ({"seed": 2**63}, "seed"),
+            ({"stop": 3}, "stop"),
+            ({"stop": ["a", 1]}, "stop[1]"),
+            ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+            ({"n": 2}, "n"),
+            ({"n": "1"}, "n"),
+            ({"presence_penalty": 2.1}, "presence_penalty"),
+            ({"frequency_penalty": -3}, "frequency_penalty"),
+            ({"repetition_penalty": 0}, "repetition_penalty"),
+            ({"repetition_penalty": -1}, "repetition_penalty"),
+            ({"ignore_eos": "yes"}, "ignore_eos"),
+            ({"stream": 1}, "stream"),
+            ({"stream_options": True}, "stream_options"),
+            ({"stream_options": {"include_usage": "y"}}, "stream_options.include_usage"),
+            ({"logprobs": True}, "logprobs"),
+            ({"logprobs": 1}, "logprobs"),
+            ({"top_logprobs": 3}, "top_logprobs"),
+        ],
+    )
+    def test_invalid_value(self, fields: dict[str, Any], param: str) -> None:
+        err = chat_error(chat(**fields))
+        assert (err.code, err.param) == ("invalid_value", param)
+        assert err.message
+
+    def test_missing_role_and_content(self) -> None:
+        err = chat_error(chat(messages=[{"content": "x"}]))
+        assert (err.code, err.param) == ("missing_field", "messages[0].role")
+        err = chat_error(chat(messages=[{"role": "user"}]))
+        assert (err.code, err.param) == ("missing_field", "messages[0].content")
+        err = chat_error(chat(messages=[{"role": "user", "content": [{"text": "x"}]}]))
+        assert (err.code, err.param) == ("missing_field", "messages[0].content[0].type")
+
+    def test_messages_are_precise(self) -> None:
+        err = chat_error(chat(temperature=3))
+        assert err.message == (
+            "Invalid value for 'temperature': expected a number between 0 and 2, got 3."
+        )
+        err = chat_error(chat(n=3))
+        assert "'n' must be 1" in err.message and "3" in err.message
+        err = chat_error(chat(logprobs=True))
+        assert "not supported" in err.message
+
+    def test_image_parts_rejected(self) -> None:
+        content = [{"type": "image_url", "image_url": {"url": "http://x"}}]
+        err = chat_error(chat(messages=[{"role": "user", "content": content}]))
+        assert err.param == "messages[0].content[0].type"
+        assert "image_url" in err.message and "only 'text'" in err.message
+
+    def test_big_integer_is_rejected(self) -> None:
+        # orjson turns integers beyond 64 bits into floats: they must not pass as ints.
+        body = chat().replace(b'"model"', b'"max_tokens":18446744073709551616,"model"')
+        err = chat_error(body)
+        assert err.param == "max_tokens"
+
+
+class TestCompletion:
+    @pytest.mark.parametrize(
+        ("prompt", "expected"),
+        [
+            ("hello", "hello"),
+            (["hello"], "hello"),
+            ([1, 2, 3], (1, 2, 3)),
+            ([[4, 5]], (4, 5)),
+        ],
+    )
+    def test_prompt_forms(self, prompt: Any, expected: Any) -> None:
+        req = parse_completion(completion(prompt=prompt, max_tokens=4, stream=True))
+        assert req.prompt == expected
+        assert req.sampling.max_tokens == 4 and req.stream is True
+
+    def test_missing_prompt(self) -> None:
+        err = completion_error(completion(prompt=_DROP))
+        assert (err.code, err.param) == ("missing_field", "prompt")
+
+    def test_missing_model(self) -> None:
+        err = completion_error(completion(model=_DROP))
+        assert (err.code, err.param) == ("missing_field", "model")
+
+    @pytest.mark.parametrize(
+        ("prompt", "param"),
+        [
+            ("", "prompt"),
+            ([], "prompt"),
+            ([""], "prompt[0]"),
+            ([[]], "prompt[0]"),
+            (["a", "b"], "prompt"),
+            ([[1], [2]], "prompt"),
+            ([1, "a"], "prompt[1]"),
+            ([1, -1], "prompt[1]"),
+            ([1, 2.0], "prompt[1]"),
+            ([[1, True]], "prompt[0][1]"),
+            ([{"a": 1}], "prompt[0]"),
+            (5, "prompt"),
+        ],
+    )
+    def test_bad_prompt(self, prompt: Any, param: str) -> None:
+        err = completion_error(completion(prompt=prompt))
+        assert (err.code, err.param) == ("invalid_value", param)
+
+    def test_batched_prompt_message(self) -> None:
+        err = completion_error(completion(prompt=["a", "b"]))
+        assert "batched prompts are not supported" in err.message
+
+    @pytest.mark.parametrize(
+        ("fields", "param"),
+        [
+            ({"logprobs": 1}, "logprobs"),
+            ({"logprobs": 0}, "logprobs"),
+            ({"echo": True}, "echo"),
+            ({"best_of": 2}, "best_of"),
+            ({"suffix": "x"}, "suffix"),
+            ({"n": 2}, "n"),
+            ({"max_tokens": 0}, "max_tokens"),
+            # max_completion_tokens is a chat field: on completions it is an unknown key.
+        ],
+    )
+    def test_unsupported(self, fields: dict[str, Any], param: str) -> None:
+        err = completion_error(completion(**fields))
+        assert (err.code, err.param) == ("invalid_value", param)
+
+    def test_false_logprobs_and_echo_are_fine(self) -> None:
+        req = parse_completion(completion(logprobs=False, echo=False, best_of=1, suffix=None))
+        assert req.prompt == "hello"
+
+    def test_max_completion_tokens_is_unknown_here(self) -> None:
+        assert parse_completion(completion(max_completion_tokens=0)).sampling.max_tokens is None
+
+
+class TestCheckContext:
+    def test_fits(self) -> None:
+        assert check_context(10, 20, 30) == 20
+        assert check_context(10, None, 30) == 20
+
+    def test_prompt_plus_completion_too_long(self) -> None:
+        with pytest.raises(InvalidRequestError) as info:
+            check_context(100, 4000, 4096)
+        err = info.value
+        assert (err.status, err.code, err.param) == (400, "context_length_exceeded", "messages")
+        assert err.message.startswith(
+            "This model's maximum context length is 4096 tokens. However, you requested "
+            "4100 tokens (100 in the messages, 4000 in the completion)."
+        )
+
+    def test_prompt_alone_fills_context(self) -> None:
+        with pytest.raises(InvalidRequestError) as info:
+            check_context(4096, None, 4096)
+        assert info.value.code == "context_length_exceeded"
+        assert "4096 tokens" in info.value.message
+        with pytest.raises(InvalidRequestError):
+            check_context(4096, 1, 4096)
+
+    def test_exact_fit(self) -> None:
+        assert check_context(4095, 1, 4096) == 1
+        assert check_context(4095, None, 4096) == 1
+
+    def test_prompt_wording(self) -> None:
+        with pytest.raises(InvalidRequestError) as info:
+            check_context(10, 10, 15, param="prompt")
+        assert info.value.param == "prompt"
+        assert "(10 in the prompt, 10 in the completion)" in info.value.message

@@ -1,0 +1,202 @@
+"""End to end: `switchyard up` with a mock engine of each protocol, driven by the openai SDK."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from e2e_stack import free_port, running_stack
+
+MODEL = "deepseek-mock"
+PROTOCOLS = ["sglang", "vllm"]
+QUESTION = [{"role": "user", "content": "Tell me about rail yards."}]
+_outputs: dict[str, dict[str, str]] = {}
+
+
+@pytest.fixture(scope="module", params=PROTOCOLS)
+def stack(request):
+    with running_stack("--mock-engines", request.param) as s:
+        s.protocol = request.param
+        yield s
+
+
+@pytest.fixture
+def client(stack):
+    with openai.OpenAI(base_url=stack.base_url + "/v1", api_key="none", max_retries=0) as c:
+        yield c
+
+
+class TestModels:
+    def test_lists_the_served_model(self, client):
+        ids = [m.id for m in client.models.list().data]
+        assert ids == [MODEL]
+
+
+class TestChat:
+    def test_non_streaming(self, client, stack):
+        reply = client.chat.completions.create(
+            model=MODEL, messages=QUESTION, max_tokens=24, temperature=0
+        )
+        choice = reply.choices[0]
+        assert choice.message.role == "assistant"
+        assert choice.message.content
+        assert choice.finish_reason in ("stop", "length")
+        assert reply.usage.completion_tokens <= 24
+        assert reply.usage.prompt_tokens > 5
+        assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+        _outputs.setdefault("chat", {})[stack.protocol] = choice.message.content
+
+    def test_streaming_matches_non_streaming(self, client):
+        kwargs = dict(model=MODEL, messages=QUESTION, max_tokens=24, temperature=0)
+        whole = client.chat.completions.create(**kwargs).choices[0].message.content
+        stream = client.chat.completions.create(
+            stream=True, stream_options={"include_usage": True}, **kwargs
+        )
+        parts, finish, usage, roles = [], None, None, []
+        for chunk in stream:
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for choice in chunk.choices:
+                if choice.delta.role:
+                    roles.append(choice.delta.role)
+                if choice.delta.content:
+                    parts.append(choice.delta.content)
+                if choice.finish_reason:
+                    finish = choice.finish_reason
+        assert roles == ["assistant"]
+        assert "".join(parts) == whole
+        assert finish in ("stop", "length")
+        assert usage is not None and usage.completion_tokens >= 1
+        assert usage.prompt_tokens_details.cached_tokens >= 0
+
+    def test_max_tokens_gives_length(self, client):
+        reply = client.chat.completions.create(
+            model=MODEL,
+            messages=QUESTION,
+            max_tokens=3,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        assert reply.choices[0].finish_reason == "length"
+        assert reply.usage.completion_tokens == 3
+
+    def test_stop_string_is_trimmed(self, client):
+        kwargs = dict(
+            model=MODEL,
+            messages=QUESTION,
+            max_tokens=40,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        full = client.chat.completions.create(**kwargs).choices[0].message.content
+        assert len(full) > 10
+        stop = full[5:8]
+        cut = full[: full.index(stop)]
+        reply = client.chat.completions.create(stop=[stop], **kwargs)
+        assert reply.choices[0].message.content == cut
+        assert reply.choices[0].finish_reason == "stop"
+        streamed = client.chat.completions.create(stop=[stop], stream=True, **kwargs)
+        assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == cut
+
+
+class TestCompletions:
+    def test_non_streaming_and_streaming_agree(self, client, stack):
+        kwargs = dict(model=MODEL, prompt="The switchyard at dawn", max_tokens=16, temperature=0)
+        whole = client.completions.create(**kwargs)
+        assert whole.choices[0].text
+        assert whole.usage.completion_tokens <= 16
+        streamed = client.completions.create(stream=True, **kwargs)
+        assert "".join(c.choices[0].text for c in streamed if c.choices) == whole.choices[0].text
+        _outputs.setdefault("completion", {})[stack.protocol] = whole.choices[0].text
+
+    def test_token_id_prompt(self, client):
+        reply = client.completions.create(
+            model=MODEL,
+            prompt=[100, 200, 300],
+            max_tokens=4,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        assert reply.usage.prompt_tokens == 3
+        assert reply.usage.completion_tokens == 4
+
+
+class TestErrors:
+    def _post(self, stack, path, body, **kw):
+        return httpx.post(
+            stack.base_url + path,
+            content=body,
+            timeout=30,
+            headers={"content-type": "application/json"},
+            **kw,
+        )
+
+    def _error(self, reply, status, code=None):
+        assert reply.status_code == status, reply.text
+        error = reply.json()["error"]
+        assert set(error) >= {"message", "type", "code"}
+        assert error["message"]
+        if code:
+            assert error["code"] == code
+        return error
+
+    def test_malformed_json(self, stack):
+        self._error(self._post(stack, "/v1/chat/completions", b"{not json"), 400, "invalid_json")
+
+    def test_missing_messages(self, stack):
+        self._error(
+            self._post(stack, "/v1/chat/completions", b'{"model": "deepseek-mock"}'),
+            400,
+            "missing_field",
+        )
+
+    def test_unknown_model(self, client):
+        with pytest.raises(openai.NotFoundError) as info:
+            client.chat.completions.create(model="no-such-model", messages=QUESTION)
+        assert info.value.body["code"] == "model_not_found"
+
+    def test_prompt_over_context(self, client):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.completions.create(model=MODEL, prompt=list(range(100, 9300)), max_tokens=1)
+        assert info.value.body["code"] == "context_length_exceeded"
+
+    @pytest.mark.parametrize("max_tokens", [0, -1, 10**7])
+    def test_max_tokens_out_of_range(self, client, max_tokens):
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=max_tokens)
+
+    @pytest.mark.parametrize(
+        "field,value",
+        [("temperature", -1), ("temperature", 3), ("top_p", 0), ("top_p", 1.5), ("n", 2)],
+    )
+    def test_bad_sampling_values(self, client, field, value):
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(model=MODEL, messages=QUESTION, **{field: value})
+
+    def test_unknown_path_is_openai_shaped(self, stack):
+        self._error(httpx.get(stack.base_url + "/v1/nope"), 404)
+
+
+def test_both_protocols_give_the_same_tokens():
+    """The mock engines are deterministic per context, whatever protocol they speak."""
+    for kind, by_protocol in _outputs.items():
+        if len(by_protocol) == 2:
+            assert by_protocol["sglang"] == by_protocol["vllm"], kind
+
+
+def test_no_engine_available_is_503():
+    """An engine URL that does not answer: the stack serves, but requests get 503."""
+    from switchyard.preprocessor.tokenizer import default_tokenizer_dir
+
+    dead = f"grpc://127.0.0.1:{free_port()}"
+    with running_stack(
+        "--worker", dead, "--tokenizer", str(default_tokenizer_dir()), ready=False
+    ) as stack:
+        assert httpx.get(stack.base_url + "/ready").status_code == 503
+        reply = httpx.post(
+            stack.base_url + "/v1/chat/completions",
+            timeout=30,
+            json={"model": MODEL, "messages": QUESTION},
+        )
+        assert reply.status_code == 503, reply.text
+        assert reply.json()["error"]["code"] == "no_engine_available"
