@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import socket
+
 import httpx
 import openai
 import pytest
-from e2e_stack import free_port, running_stack
+from e2e_stack import running_stack
 
 MODEL = "deepseek-mock"
 PROTOCOLS = ["sglang", "vllm"]
@@ -188,15 +190,17 @@ def test_no_engine_available_is_503():
     """An engine URL that does not answer: the stack serves, but requests get 503."""
     from switchyard.preprocessor.tokenizer import default_tokenizer_dir
 
-    dead = f"grpc://127.0.0.1:{free_port()}"
-    with running_stack(
-        "--worker", dead, "--tokenizer", str(default_tokenizer_dir()), ready=False
-    ) as stack:
-        assert httpx.get(stack.base_url + "/ready").status_code == 503
-        reply = httpx.post(
-            stack.base_url + "/v1/chat/completions",
-            timeout=30,
-            json={"model": MODEL, "messages": QUESTION},
-        )
-        assert reply.status_code == 503, reply.text
-        assert reply.json()["error"]["code"] == "no_engine_available"
+    # A bound socket that never listens refuses connections, and its port stays ours.
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        dead = f"grpc://127.0.0.1:{hole.getsockname()[1]}"
+        tokenizer = str(default_tokenizer_dir())
+        with running_stack("--worker", dead, "--tokenizer", tokenizer, ready=False) as stack:
+            assert httpx.get(stack.base_url + "/ready").status_code == 503
+            reply = httpx.post(
+                stack.base_url + "/v1/chat/completions",
+                timeout=30,
+                json={"model": MODEL, "messages": QUESTION},
+            )
+            assert reply.status_code == 503, reply.text
+            assert reply.json()["error"]["code"] == "no_engine_available"
