@@ -31,3 +31,6 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+bench: $(STAMP)
+	$(BIN)/python bench/baseline.py
