@@ -61,6 +61,13 @@ class Stack:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def engine_urls(self) -> list[str]:
+        """The engines `switchyard up` announced when it became ready."""
+        for line in self.log().splitlines():
+            if "is serving the OpenAI API" in line and "(engines: " in line:
+                return line.split("(engines: ", 1)[1].rstrip(")").split(", ")
+        raise AssertionError("the stack never announced its engines")
+
 
 @contextlib.contextmanager
 def running_stack(*up_args: str, ready: bool = True, timeout: float = 60.0) -> Iterator[Stack]:
@@ -90,8 +97,11 @@ def running_stack(*up_args: str, ready: bool = True, timeout: float = 60.0) -> I
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"switchyard up exited early:\n{stack.log()[-4000:]}")
-            status = http_status(stack.base_url + ("/ready" if ready else "/health"))
-            if status == 200 or (not ready and status is not None):
+            if ready:
+                # `up` announces readiness (and its engines) once /ready answers 200.
+                if "is serving the OpenAI API" in stack.log():
+                    break
+            elif http_status(stack.base_url + "/health") is not None:
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"stack not ready in {timeout}s:\n{stack.log()[-4000:]}")
