@@ -1,0 +1,55 @@
+"""What the protocol servicers share: config, tokenizer facts, the core engine, the bundle."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from switchyard.mock_engine.config import MockEngineConfig
+from switchyard.mock_engine.generation import MockEngine
+from switchyard.mock_engine.tokenizer_bundle import TokenizerBundle, bundle_slices
+from switchyard.mock_engine.tokenizer_facts import TokenizerFacts
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ServicerDeps:
+    config: MockEngineConfig
+    facts: TokenizerFacts
+    engine: MockEngine
+    bundle: TokenizerBundle
+    model_config: dict[str, Any]  # config.json as served
+    port: int  # the bound port (the config's may be 0)
+    start_time: float  # wall clock
+    wall_clock: Callable[[], float] = time.time
+
+    @property
+    def model_type(self) -> str:
+        return str(self.model_config.get("model_type") or "")
+
+    @property
+    def architectures(self) -> list[str]:
+        return [str(a) for a in self.model_config.get("architectures") or []]
+
+    def uptime_s(self) -> float:
+        return max(0.0, self.wall_clock() - self.start_time)
+
+
+async def unimplemented(context: grpc.aio.ServicerContext, what: str) -> None:
+    message = f"{what} is not supported by the mock engine"
+    await context.abort(grpc.StatusCode.UNIMPLEMENTED, message)
+
+
+async def tokenizer_slices(
+    deps: ServicerDeps, context: grpc.aio.ServicerContext
+) -> AsyncIterator[tuple[bytes, str]]:
+    """The archive's slices for GetTokenizer; INTERNAL when it cannot be built."""
+    try:
+        data, sha256 = await deps.bundle.archive()
+    except OSError as exc:
+        await context.abort(grpc.StatusCode.INTERNAL, f"cannot build the tokenizer bundle: {exc}")
+    for piece in bundle_slices(data, sha256):
+        yield piece

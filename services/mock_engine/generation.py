@@ -1,0 +1,265 @@
+"""The protocol-neutral core: validates requests and runs each one's generation loop.
+
+`MockEngine.generate` is an async generator of `Step`s, one token per step, paced by the
+configured time to first token and inter-token latency. Pauses wake early on `abort`, so an
+aborted request ends at once with a `FinishReason.ABORT` step; a consumer that stops
+iterating (its gRPC call was cancelled) ends the generation where it stands.
+
+Limits: a prompt must be shorter than the context length; generation stops with "length"
+when prompt + output reaches the context length or max new tokens is reached (the length
+check runs before the EOS/stop checks, as in SGLang and vLLM). EOS and stop tokens are
+never drawn before min new tokens is reached; with ignore_eos, EOS is never drawn. Emitted
+EOS and stop tokens are part of the output token ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import math
+import random
+import time
+from collections.abc import AsyncIterator, Callable
+
+from switchyard.mock_engine.errors import RequestRejected
+from switchyard.mock_engine.tokens import TokenOracle, absorb, absorb_all, salt_for_seed
+from switchyard.mock_engine.types import (
+    Finish,
+    FinishReason,
+    GenerationRequest,
+    LoadSnapshot,
+    Step,
+)
+
+logger = logging.getLogger(__name__)
+
+_THROUGHPUT_WINDOW_S = 5
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _new_match(stop_strings: tuple[str, ...], text: str, old_chars: int) -> str | None:
+    """The first stop string that ends inside `text[old_chars:]` (the newest token's text)."""
+    for stop in stop_strings:
+        if text.find(stop, max(0, old_chars - len(stop) + 1)) != -1:
+            return stop
+    return None
+
+
+class _Running:
+    """A request in flight: its progress and an abortable pause."""
+
+    __slots__ = ("request_id", "prompt_tokens", "generated", "aborted", "_wake")
+
+    def __init__(self, request_id: str, prompt_tokens: int) -> None:
+        self.request_id = request_id
+        self.prompt_tokens = prompt_tokens
+        self.generated = 0
+        self.aborted = False
+        self._wake: asyncio.Future[None] | None = None
+
+    async def pause(self, delay_s: float) -> None:
+        if self.aborted:
+            return
+        if delay_s <= 0:
+            await asyncio.sleep(0)  # still let the other requests run
+            return
+        loop = asyncio.get_running_loop()
+        wake: asyncio.Future[None] = loop.create_future()
+        self._wake = wake
+        timer = loop.call_later(delay_s, _settle, wake)
+        try:
+            await wake
+        finally:
+            timer.cancel()
+            self._wake = None
+
+    def abort(self) -> None:
+        self.aborted = True
+        if self._wake is not None:
+            _settle(self._wake)
+
+
+class _ThroughputMeter:
+    """Generated tokens per second over the last few whole seconds."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._buckets: collections.Counter[int] = collections.Counter()
+
+    def add(self, count: int = 1) -> None:
+        self._buckets[int(self._clock())] += count
+
+    def rate(self) -> float:
+        now = int(self._clock())
+        oldest = now - _THROUGHPUT_WINDOW_S
+        for second in [s for s in self._buckets if s < oldest]:
+            del self._buckets[second]
+        total = sum(count for second, count in self._buckets.items() if second < now)
+        return total / _THROUGHPUT_WINDOW_S
+
+
+class MockEngine:
+    """Runs generation requests; shared by both protocol adapters."""
+
+    def __init__(
+        self,
+        *,
+        oracle: TokenOracle,
+        vocab_size: int,
+        context_length: int,
+        kv_pool_tokens: int,
+        ttft_s: float,
+        itl_s: float,
+        token_text: Callable[[int], str],
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.oracle = oracle
+        self.vocab_size = vocab_size
+        self.context_length = context_length
+        self.kv_pool_tokens = kv_pool_tokens
+        self.ttft_s = ttft_s
+        self.itl_s = itl_s
+        self._token_text = token_text
+        self._wall_clock = wall_clock
+        self._rng = rng if rng is not None else random.Random()
+        self._active: dict[str, _Running] = {}
+        self._meter = _ThroughputMeter(clock)
+        self._last_receive_time = 0.0
+        self.total_requests = 0
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        return self.context_length - 1
+
+    @property
+    def active_requests(self) -> int:
+        return len(self._active)
+
+    def new_request_id(self) -> str:
+        return f"mock-{self._rng.getrandbits(64):016x}"
+
+    def loads(self) -> LoadSnapshot:
+        used = sum(r.prompt_tokens + r.generated for r in self._active.values())
+        return LoadSnapshot(
+            running_requests=len(self._active),
+            used_tokens=used,
+            capacity_tokens=self.kv_pool_tokens,
+            gen_throughput=self._meter.rate(),
+            last_receive_time=self._last_receive_time,
+        )
+
+    def abort(self, request_id: str) -> bool:
+        """Abort a running request; False when no such request is running."""
+        running = self._active.get(request_id)
+        if running is None:
+            return False
+        running.abort()
+        logger.info("aborted request_id=%s", request_id)
+        return True
+
+    def validate(self, request: GenerationRequest) -> None:
+        """Raise RequestRejected for what the real engines refuse with INVALID_ARGUMENT."""
+        rid = request.request_id
+        prompt = request.prompt_ids
+        sampling = request.sampling
+        if not prompt:
+            raise RequestRejected(rid, "The decoder prompt cannot be empty")
+        if len(prompt) > self.max_prompt_tokens:
+            raise RequestRejected(
+                rid,
+                f"The input ({len(prompt)} tokens) is longer than the model's context length "
+                f"({self.context_length} tokens) allows: at most {self.max_prompt_tokens} "
+                "prompt tokens.",
+            )
+        highest = max(prompt)
+        if highest >= self.vocab_size or min(prompt) < 0:
+            raise RequestRejected(rid, f"Token id {highest} is out of vocabulary")
+        if not sampling.temperature >= 0 or math.isinf(sampling.temperature):
+            raise RequestRejected(
+                rid, f"temperature must be non-negative, got {sampling.temperature}"
+            )
+        if sampling.min_new_tokens < 0:
+            raise RequestRejected(rid, f"min tokens must be >= 0, got {sampling.min_new_tokens}")
+        if sampling.max_new_tokens is not None:
+            if sampling.max_new_tokens < 0:
+                raise RequestRejected(
+                    rid, f"max tokens must be >= 0, got {sampling.max_new_tokens}"
+                )
+            if sampling.min_new_tokens > sampling.max_new_tokens:
+                raise RequestRejected(
+                    rid,
+                    f"min tokens ({sampling.min_new_tokens}) must be less than or equal to "
+                    f"max tokens ({sampling.max_new_tokens})",
+                )
+        if rid in self._active:
+            raise RequestRejected(rid, f"Request id {rid} already running.")
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Step]:
+        """Validate and run one request (raises RequestRejected before the first step)."""
+        self.validate(request)
+        rid = request.request_id
+        sampling = request.sampling
+        running = _Running(rid, len(request.prompt_ids))
+        self._active[rid] = running
+        self._last_receive_time = self._wall_clock()
+        self.total_requests += 1
+        try:
+            room = self.context_length - len(request.prompt_ids)
+            limit = room if sampling.max_new_tokens is None else min(room, sampling.max_new_tokens)
+            if sampling.temperature > 0:
+                seed = sampling.seed if sampling.seed is not None else self._rng.getrandbits(64)
+                salt = salt_for_seed(seed)
+            else:
+                salt = 0
+            state = absorb_all(request.prompt_ids)
+            stop_ids = sampling.stop_token_ids
+            stop_strings = tuple(s for s in sampling.stop_strings if s)
+            keep = max((len(s) for s in stop_strings), default=1) - 1
+            tail = ""
+            eos = self.oracle.eos_token_id
+            produced = 0
+            await running.pause(self.ttft_s)
+            if limit == 0 and not running.aborted:
+                yield Step((), 0, Finish(FinishReason.LENGTH))
+                return
+            while True:
+                if running.aborted:
+                    yield Step((), produced, Finish(FinishReason.ABORT))
+                    return
+                may_stop = produced >= sampling.min_new_tokens
+                token = self.oracle.pick(
+                    state,
+                    salt=salt,
+                    allow_eos=may_stop and not sampling.ignore_eos,
+                    banned=() if may_stop else stop_ids,
+                )
+                state = absorb(state, token)
+                produced += 1
+                running.generated = produced
+                self._meter.add()
+                finish: Finish | None = None
+                if produced >= limit:
+                    finish = Finish(FinishReason.LENGTH)
+                elif token == eos and not sampling.ignore_eos:
+                    finish = Finish(FinishReason.STOP, matched_token_id=token, matched_is_eos=True)
+                elif token in stop_ids:
+                    finish = Finish(FinishReason.STOP, matched_token_id=token)
+                elif stop_strings:
+                    text = tail + self._token_text(token)
+                    matched = _new_match(stop_strings, text, len(tail)) if may_stop else None
+                    if matched is not None:
+                        finish = Finish(FinishReason.STOP, matched_stop_str=matched)
+                    tail = text[-keep:] if keep else ""
+                yield Step((token,), produced, finish)
+                if finish is not None:
+                    return
+                await running.pause(self.itl_s)
+        finally:
+            del self._active[rid]

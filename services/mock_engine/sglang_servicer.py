@@ -1,0 +1,263 @@
+"""`sglang.grpc.scheduler.SglangScheduler` over the neutral core, shaped as SGLang's servicer.
+
+Generate: chunks carry delta token_ids and CUMULATIVE prompt/completion/cached counts; the last
+chunk is followed by a `complete` built from the same step (its output_ids repeat that chunk's
+delta, its counts are cumulative). Non-streaming: one `complete` with every output id. An EOS or
+stop token that ends a request is in the ids and named in matched_token_id. ignore_eos also
+disables stop_token_ids (SGLang checks both under it). An aborted request's stream ends with
+status INTERNAL "Request aborted", as the servicer ends a request the scheduler aborted.
+SamplingParams has no seed: temperature > 0 draws a per-request random salt.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from datetime import UTC, datetime
+
+import grpc
+from google.protobuf.struct_pb2 import Struct
+from google.protobuf.timestamp_pb2 import Timestamp
+from smg_grpc_proto import sglang_scheduler_pb2 as pb
+from smg_grpc_proto import sglang_scheduler_pb2_grpc as pb_grpc
+from smg_grpc_proto.generated import common_pb2
+
+from switchyard.mock_engine.config import DEFAULT_BOOTSTRAP_PORT, MAX_RUNNING_REQUESTS, Role
+from switchyard.mock_engine.deps import ServicerDeps, tokenizer_slices, unimplemented
+from switchyard.mock_engine.errors import RequestRejected
+from switchyard.mock_engine.types import (
+    Finish,
+    FinishReason,
+    GenerationRequest,
+    SamplingSpec,
+    Step,
+)
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = "sglang.grpc.scheduler.SglangScheduler"
+VERSION = "mock"
+
+
+def sampling_spec(params: pb.SamplingParams) -> SamplingSpec:
+    if params.n > 1:
+        raise ValueError(f"n={params.n} is not supported by the mock engine (n=1 only)")
+    return SamplingSpec(
+        max_new_tokens=params.max_new_tokens if params.HasField("max_new_tokens") else None,
+        min_new_tokens=params.min_new_tokens,
+        # SGLang checks stop token ids only when ignore_eos is off.
+        stop_token_ids=frozenset() if params.ignore_eos else frozenset(params.stop_token_ids),
+        stop_strings=tuple(params.stop),
+        ignore_eos=params.ignore_eos,
+        temperature=params.temperature,
+        seed=None,
+    )
+
+
+def _complete(
+    request_id: str, output_ids: list[int] | tuple[int, ...], prompt_tokens: int, step: Step
+) -> pb.GenerateResponse:
+    finish = step.finish or Finish(FinishReason.STOP)
+    complete = pb.GenerateComplete(
+        output_ids=output_ids,
+        finish_reason=finish.reason.value,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=step.completion_tokens,
+        cached_tokens=0,
+    )
+    if finish.matched_token_id is not None:
+        complete.matched_token_id = finish.matched_token_id
+    elif finish.matched_stop_str is not None:
+        complete.matched_stop_str = finish.matched_stop_str
+    return pb.GenerateResponse(request_id=request_id, complete=complete)
+
+
+class SglangServicer(pb_grpc.SglangSchedulerServicer):
+    def __init__(self, deps: ServicerDeps) -> None:
+        self.deps = deps
+        self.engine = deps.engine
+
+    async def Generate(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        request_id = request.request_id or self.engine.new_request_id()
+        try:
+            if not request.HasField("tokenized"):
+                raise ValueError("Tokenized input must be provided")
+            spec = sampling_spec(request.sampling_params)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        job = GenerationRequest(request_id, tuple(request.tokenized.input_ids), spec)
+        prompt_tokens = len(job.prompt_ids)
+        output: list[int] = []
+        try:
+            async with aclosing(self.engine.generate(job)) as steps:
+                async for step in steps:
+                    if step.finish is not None and step.finish.reason is FinishReason.ABORT:
+                        await context.abort(grpc.StatusCode.INTERNAL, "Request aborted")
+                    if request.stream:
+                        yield pb.GenerateResponse(
+                            request_id=request_id,
+                            chunk=pb.GenerateStreamChunk(
+                                token_ids=step.token_ids,
+                                prompt_tokens=prompt_tokens,
+                                completion_tokens=step.completion_tokens,
+                                cached_tokens=0,
+                            ),
+                        )
+                        if step.finish is not None:
+                            yield _complete(request_id, step.token_ids, prompt_tokens, step)
+                    else:
+                        output.extend(step.token_ids)
+                        if step.finish is not None:
+                            yield _complete(request_id, output, prompt_tokens, step)
+        except RequestRejected as exc:
+            logger.info("rejected request_id=%s: %s", request_id, exc.reason)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.reason)
+
+    async def Embed(
+        self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext
+    ) -> pb.EmbedResponse:
+        await unimplemented(context, "Embed")
+        return pb.EmbedResponse()
+
+    async def HealthCheck(
+        self, request: pb.HealthCheckRequest, context: grpc.aio.ServicerContext
+    ) -> pb.HealthCheckResponse:
+        return pb.HealthCheckResponse(healthy=True, message="Health check passed")
+
+    async def Abort(
+        self, request: pb.AbortRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AbortResponse:
+        found = self.engine.abort(request.request_id)
+        verdict = "aborted" if found else "not found"
+        return pb.AbortResponse(success=found, message=f"Request {request.request_id} {verdict}")
+
+    async def GetModelInfo(
+        self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetModelInfoResponse:
+        deps, facts = self.deps, self.deps.facts
+        return pb.GetModelInfoResponse(
+            model_path=str(facts.directory),
+            tokenizer_path=str(facts.directory),
+            is_generation=True,
+            preferred_sampling_params="",
+            default_sampling_params_json="{}",
+            weight_version="default",
+            served_model_name=deps.config.model_name,
+            max_context_length=deps.config.kv_pool_tokens,  # SGLang reports its KV pool here
+            vocab_size=facts.vocab_size,
+            supports_vision=False,
+            model_type=deps.model_type,
+            architectures=deps.architectures,
+            eos_token_ids=[facts.eos_token_id],
+            pad_token_id=facts.pad_token_id,
+            bos_token_id=facts.bos_token_id,
+            max_req_input_len=self.engine.max_prompt_tokens,
+        )
+
+    def server_args(self) -> dict[str, object]:
+        config = self.deps.config
+        mode = "null" if config.role is Role.BOTH else config.role.value
+        return {
+            "model_path": str(self.deps.facts.directory),
+            "tokenizer_path": str(self.deps.facts.directory),
+            "served_model_name": config.model_name,
+            "host": config.host,
+            "port": self.deps.port,
+            "context_length": config.context_length,
+            "page_size": config.block_size,
+            "max_running_requests": MAX_RUNNING_REQUESTS,
+            "max_total_tokens": config.kv_pool_tokens,
+            "skip_tokenizer_init": False,
+            "disaggregation_mode": mode,
+            "disaggregation_bootstrap_port": DEFAULT_BOOTSTRAP_PORT,
+            "kv_events_config": None,
+            "dp_size": 1,
+            "tp_size": 1,
+            "enable_dp_attention": False,
+            "mock_engine": True,
+        }
+
+    async def GetServerInfo(
+        self, request: pb.GetServerInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetServerInfoResponse:
+        deps = self.deps
+        server_args = Struct()
+        server_args.update(self.server_args())
+        scheduler_info = Struct()
+        scheduler_info.update(
+            {
+                "is_generation": True,
+                "max_total_num_tokens": deps.config.kv_pool_tokens,
+                "max_req_input_len": self.engine.max_prompt_tokens,
+            }
+        )
+        start = Timestamp()
+        start.FromSeconds(int(deps.start_time))
+        return pb.GetServerInfoResponse(
+            server_args=server_args,
+            scheduler_info=scheduler_info,
+            active_requests=self.engine.active_requests,
+            is_paused=False,
+            last_receive_timestamp=self.engine.loads().last_receive_time,
+            uptime_seconds=deps.uptime_s(),
+            sglang_version=VERSION,
+            server_type="grpc",
+            start_time=start,
+            max_total_num_tokens=deps.config.kv_pool_tokens,
+        )
+
+    async def GetLoads(
+        self, request: pb.GetLoadsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetLoadsResponse:
+        if request.HasField("dp_rank") and request.dp_rank != 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"no dp rank {request.dp_rank}")
+        snap = self.engine.loads()
+        usage = snap.used_tokens / snap.capacity_tokens if snap.capacity_tokens else 0.0
+        load = pb.SchedulerLoad(
+            dp_rank=0,
+            num_running_reqs=snap.running_requests,
+            num_waiting_reqs=0,
+            num_total_reqs=snap.running_requests,
+            num_used_tokens=snap.used_tokens,
+            max_total_num_tokens=snap.capacity_tokens,
+            token_usage=round(usage, 4),
+            gen_throughput=round(snap.gen_throughput, 2),
+            cache_hit_rate=0.0,
+            utilization=round(usage, 4),
+            max_running_requests=MAX_RUNNING_REQUESTS,
+            num_waiting_uncached_tokens=0,
+        )
+        return pb.GetLoadsResponse(
+            timestamp=datetime.fromtimestamp(self.deps.wall_clock(), UTC).isoformat(),
+            version=VERSION,
+            dp_rank_count=1,
+            loads=[load],
+            aggregate=pb.AggregateMetrics(
+                total_running_reqs=load.num_running_reqs,
+                total_waiting_reqs=0,
+                total_reqs=load.num_total_reqs,
+                avg_token_usage=load.token_usage,
+                avg_throughput=load.gen_throughput,
+                avg_utilization=load.utilization,
+            ),
+        )
+
+    async def FlushCache(
+        self, request: common_pb2.FlushCacheRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.FlushCacheResponse:
+        return common_pb2.FlushCacheResponse(success=True, message="Cache flushed successfully")
+
+    async def GetTokenizer(
+        self, request: common_pb2.GetTokenizerRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
+        async for data, sha256 in tokenizer_slices(self.deps, context):
+            yield common_pb2.GetTokenizerChunk(data=data, sha256=sha256)
+
+    async def SubscribeKvEvents(
+        self, request: common_pb2.SubscribeKvEventsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[common_pb2.KvEventBatch]:
+        await unimplemented(context, "SubscribeKvEvents (KV cache events)")
+        yield common_pb2.KvEventBatch()  # unreachable: abort raises; makes this a stream

@@ -1,0 +1,96 @@
+"""Helpers for tests that need a mock engine: in-process or as a real subprocess.
+
+async with start_mock_engine(MockEngineConfig(protocol="vllm", port=0, speedup=100)) as e:
+    ...  # dial e.target; e.engine.active_requests is the core's live count
+
+async with spawn_mock_engine("sglang", "--speedup", "100") as e:
+    ...  # `python -m switchyard.mock_engine` on a free port, healthy; killed on exit
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from switchyard.mock_engine.server import start_mock_engine
+
+__all__ = ["SpawnedEngine", "free_port", "spawn_mock_engine", "start_mock_engine", "wait_healthy"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free right now on `host` (the OS picks it; a race with other binders is possible)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+async def wait_healthy(target: str, *, service: str = "", timeout_s: float = 30.0) -> None:
+    """Poll grpc.health.v1 until `service` is SERVING; TimeoutError after `timeout_s`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        request = health_pb2.HealthCheckRequest(service=service)
+        while True:
+            try:
+                reply = await stub.Check(request, timeout=1.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.aio.AioRpcError:
+                pass
+            if loop.time() >= deadline:
+                raise TimeoutError(f"mock engine at {target} not healthy after {timeout_s}s")
+            await asyncio.sleep(0.05)
+
+
+@dataclasses.dataclass(frozen=True)
+class SpawnedEngine:
+    process: subprocess.Popen[bytes]
+    host: str
+    port: int
+
+    @property
+    def target(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@contextlib.asynccontextmanager
+async def spawn_mock_engine(
+    protocol: str, *args: str, host: str = "127.0.0.1", ready_timeout_s: float = 30.0
+) -> AsyncIterator[SpawnedEngine]:
+    """Run `python -m switchyard.mock_engine` on a free port until the block exits.
+
+    Waits for its health service; on exit (also on failure) sends SIGTERM, then kills it if it
+    has not stopped within 10 s. The process's stderr is inherited (visible on test failure).
+    """
+    port = free_port(host)
+    command = [sys.executable, "-m", "switchyard.mock_engine", "--protocol", protocol]
+    command += ["--host", host, "--port", str(port), *args]
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=dict(os.environ))
+    try:
+        ready = asyncio.ensure_future(wait_healthy(f"{host}:{port}", timeout_s=ready_timeout_s))
+        while not ready.done():
+            if process.poll() is not None:
+                ready.cancel()
+                raise RuntimeError(f"mock engine exited early with code {process.returncode}")
+            await asyncio.wait({ready}, timeout=0.1)
+        ready.result()
+        yield SpawnedEngine(process, host, port)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.to_thread(process.wait, 10.0)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                await asyncio.to_thread(process.wait)

@@ -1,0 +1,193 @@
+"""The protocol-neutral core: limits, stops, min tokens, abort, cancellation, validation."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Iterable
+from contextlib import aclosing
+from typing import Any
+
+import pytest
+
+from switchyard.mock_engine.config import default_tokenizer_dir
+from switchyard.mock_engine.errors import RequestRejected
+from switchyard.mock_engine.generation import MockEngine
+from switchyard.mock_engine.tokenizer_facts import TokenizerFacts, load_tokenizer_facts
+from switchyard.mock_engine.tokens import TokenOracle
+from switchyard.mock_engine.types import Finish, FinishReason, GenerationRequest, SamplingSpec, Step
+
+PROMPT = (100, 200, 300, 400)
+
+
+@pytest.fixture(scope="module")
+def facts() -> TokenizerFacts:
+    return load_tokenizer_facts(default_tokenizer_dir())
+
+
+def make_engine(
+    facts: TokenizerFacts, *, context_length: int = 256, itl_s: float = 0.0
+) -> MockEngine:
+    return MockEngine(
+        oracle=TokenOracle(facts.ordinary_ids, facts.eos_token_id),
+        vocab_size=facts.vocab_size,
+        context_length=context_length,
+        kv_pool_tokens=1024,
+        ttft_s=0.0,
+        itl_s=itl_s,
+        token_text=facts.text_of,
+        rng=random.Random(7),
+    )
+
+
+async def steps_of(
+    engine: MockEngine, prompt: Iterable[int] = PROMPT, rid: str = "r", **sampling: Any
+) -> list[Step]:
+    request = GenerationRequest(rid, tuple(prompt), SamplingSpec(**sampling))
+    async with aclosing(engine.generate(request)) as steps:
+        return [step async for step in steps]
+
+
+def tokens(steps: list[Step]) -> list[int]:
+    return [t for step in steps for t in step.token_ids]
+
+
+def finish_of(steps: list[Step]) -> Finish:
+    finish = steps[-1].finish
+    assert finish is not None
+    return finish
+
+
+class TestLimits:
+    async def test_max_new_tokens_gives_length(self, facts: TokenizerFacts) -> None:
+        steps = await steps_of(make_engine(facts), max_new_tokens=7, ignore_eos=True)
+        assert len(tokens(steps)) == 7
+        assert [s.completion_tokens for s in steps] == list(range(1, 8))
+        assert steps[-1].finish is not None and steps[-1].finish.reason is FinishReason.LENGTH
+        assert all(s.finish is None for s in steps[:-1])
+
+    async def test_context_limit_gives_length(self, facts: TokenizerFacts) -> None:
+        engine = make_engine(facts, context_length=20)
+        steps = await steps_of(engine, prompt=range(100, 115), ignore_eos=True)
+        assert len(tokens(steps)) == 5
+        assert finish_of(steps).reason is FinishReason.LENGTH
+
+    async def test_until_eos_without_max(self, facts: TokenizerFacts) -> None:
+        steps = await steps_of(make_engine(facts, context_length=4096))
+        out = tokens(steps)
+        assert out[-1] == facts.eos_token_id and facts.eos_token_id not in out[:-1]
+        finish = finish_of(steps)
+        assert finish.reason is FinishReason.STOP and finish.matched_is_eos
+        assert set(out[:-1]) <= set(facts.ordinary_ids)
+
+    async def test_zero_max_new_tokens_finishes_at_once(self, facts: TokenizerFacts) -> None:
+        steps = await steps_of(make_engine(facts), max_new_tokens=0)
+        assert steps == [Step((), 0, Finish(FinishReason.LENGTH))]
+
+
+class TestStops:
+    async def test_stop_token_id(self, facts: TokenizerFacts) -> None:
+        engine = make_engine(facts)
+        free = tokens(await steps_of(engine, max_new_tokens=30, ignore_eos=True))
+        index = next(i for i in range(3, 30) if free[i] not in free[:i])
+        steps = await steps_of(engine, max_new_tokens=30, stop_token_ids=frozenset({free[index]}))
+        assert tokens(steps) == free[: index + 1]
+        finish = finish_of(steps)
+        assert finish.reason is FinishReason.STOP and finish.matched_token_id == free[index]
+        assert not finish.matched_is_eos
+
+    async def test_min_tokens_hold_back_eos_and_stop_ids(self, facts: TokenizerFacts) -> None:
+        engine = make_engine(facts, context_length=4096)
+        free = tokens(await steps_of(engine))
+        first_stop = len(free) - 1  # index of the EOS
+        minimum = first_stop + 3
+        stop_ids = frozenset(free[:first_stop])
+        out = tokens(await steps_of(engine, min_new_tokens=minimum, stop_token_ids=stop_ids))
+        assert len(out) > minimum
+        assert facts.eos_token_id not in out[:minimum]
+        assert not stop_ids & set(out[:minimum])
+
+    async def test_ignore_eos_never_emits_eos(self, facts: TokenizerFacts) -> None:
+        out = tokens(await steps_of(make_engine(facts), max_new_tokens=200, ignore_eos=True))
+        assert len(out) == 200 and facts.eos_token_id not in out
+
+    async def test_stop_string(self, facts: TokenizerFacts) -> None:
+        engine = make_engine(facts)
+        free = tokens(await steps_of(engine, max_new_tokens=20, ignore_eos=True))
+        text = facts.text_of(free[9]).strip() or facts.text_of(free[9])
+        index = next(
+            i for i in range(len(free)) if text in "".join(map(facts.text_of, free[: i + 1]))
+        )
+        steps = await steps_of(engine, max_new_tokens=20, ignore_eos=True, stop_strings=(text,))
+        assert tokens(steps) == free[: index + 1]
+        assert finish_of(steps).matched_stop_str == text
+
+
+class TestAbortAndCancel:
+    async def test_abort_ends_with_an_abort_step(self, facts: TokenizerFacts) -> None:
+        engine = make_engine(facts, context_length=100_000, itl_s=0.05)
+        request = GenerationRequest("slow", PROMPT, SamplingSpec(ignore_eos=True))
+        seen: list[Step] = []
+        async with aclosing(engine.generate(request)) as steps:
+            async for step in steps:
+                seen.append(step)
+                if len(seen) == 2:
+                    assert engine.abort("slow")
+        assert seen[-1].finish is not None and seen[-1].finish.reason is FinishReason.ABORT
+        assert seen[-1].token_ids == () and seen[-1].completion_tokens == 2
+        assert engine.active_requests == 0
+        assert not engine.abort("slow")
+
+    async def test_cancelled_consumer_stops_generation(self, facts: TokenizerFacts) -> None:
+        engine = make_engine(facts, context_length=100_000, itl_s=0.05)
+        first = asyncio.Event()
+
+        async def consume() -> None:
+            request = GenerationRequest("c", PROMPT, SamplingSpec(ignore_eos=True))
+            async with aclosing(engine.generate(request)) as steps:
+                async for _ in steps:
+                    first.set()
+
+        task = asyncio.create_task(consume())
+        await first.wait()
+        assert engine.active_requests == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert engine.active_requests == 0
+
+
+class TestValidation:
+    @pytest.mark.parametrize(
+        ("prompt", "sampling"),
+        [
+            ((), {}),
+            (tuple(range(100, 356)), {}),  # 256 tokens: no room under context 256
+            ((10**7,), {}),
+            (PROMPT, {"temperature": -1.0}),
+            (PROMPT, {"max_new_tokens": 2, "min_new_tokens": 3}),
+        ],
+    )
+    async def test_rejected(
+        self, facts: TokenizerFacts, prompt: tuple[int, ...], sampling: dict[str, Any]
+    ) -> None:
+        with pytest.raises(RequestRejected):
+            await steps_of(make_engine(facts), prompt=prompt, **sampling)
+
+    async def test_duplicate_running_id(self, facts: TokenizerFacts) -> None:
+        engine = make_engine(facts, itl_s=0.05)
+        request = GenerationRequest("dup", PROMPT, SamplingSpec(ignore_eos=True))
+        async with aclosing(engine.generate(request)) as steps:
+            await anext(steps)
+            with pytest.raises(RequestRejected):
+                await steps_of(engine, rid="dup")
+        assert engine.active_requests == 0
+
+    async def test_loads_count_running_tokens(self, facts: TokenizerFacts) -> None:
+        engine = make_engine(facts, itl_s=0.05)
+        request = GenerationRequest("l", PROMPT, SamplingSpec(ignore_eos=True))
+        async with aclosing(engine.generate(request)) as steps:
+            await anext(steps)
+            snap = engine.loads()
+            assert snap.running_requests == 1 and snap.used_tokens == len(PROMPT) + 1
+        assert engine.loads().running_requests == 0

@@ -1,0 +1,100 @@
+"""The tokenizer archive GetTokenizer streams, and the model config it carries.
+
+One zip with tokenizer.json, tokenizer_config.json (with a chat template: the folder's own,
+else the shipped DeepSeek-V3 one) and config.json at its root, built once in a worker thread
+and kept; streamed as slices of at most 64 KiB, the hex SHA-256 of the whole zip on the last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib.resources
+import io
+import json
+import zipfile
+from collections.abc import Iterator
+from typing import Any
+
+from switchyard.mock_engine.tokenizer_facts import TokenizerFacts
+
+CHUNK_SIZE = 64 * 1024
+DEFAULT_TEMPLATE = "deepseek_v3.jinja"
+DEFAULT_MODEL_TYPE = "deepseek_v3"
+DEFAULT_ARCHITECTURES = ("DeepseekV3ForCausalLM",)
+
+
+def default_chat_template() -> str:
+    return (
+        importlib.resources.files("switchyard.mock_engine")
+        .joinpath("templates", DEFAULT_TEMPLATE)
+        .read_text(encoding="utf-8")
+    )
+
+
+def served_model_config(facts: TokenizerFacts, context_length: int) -> dict[str, Any]:
+    """config.json as served: the folder's own (if any) with the mock's context length."""
+    config = dict(facts.model_config)
+    config.setdefault("model_type", DEFAULT_MODEL_TYPE)
+    config.setdefault("architectures", list(DEFAULT_ARCHITECTURES))
+    config.setdefault("bos_token_id", facts.bos_token_id)
+    config.setdefault("eos_token_id", facts.eos_token_id)
+    config.setdefault("vocab_size", facts.vocab_size)
+    config["max_position_embeddings"] = context_length
+    return config
+
+
+def served_tokenizer_config(facts: TokenizerFacts) -> dict[str, Any]:
+    config = dict(facts.tokenizer_config)
+    if not config.get("chat_template"):
+        config["chat_template"] = default_chat_template()
+    return config
+
+
+def build_bundle(facts: TokenizerFacts, context_length: int) -> tuple[bytes, str]:
+    """The zip's bytes and their hex SHA-256 (blocking: file I/O and deflate)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.write(facts.directory / "tokenizer.json", "tokenizer.json")
+        archive.writestr(
+            "tokenizer_config.json",
+            json.dumps(served_tokenizer_config(facts), indent=2, ensure_ascii=False),
+        )
+        archive.writestr(
+            "config.json", json.dumps(served_model_config(facts, context_length), indent=2)
+        )
+    data = buffer.getvalue()
+    return data, hashlib.sha256(data).hexdigest()
+
+
+def bundle_slices(data: bytes, sha256: str) -> Iterator[tuple[bytes, str]]:
+    """(slice, sha256 or "") pairs: slices of at most CHUNK_SIZE, the digest on the last."""
+    total = len(data)
+    for offset in range(0, total, CHUNK_SIZE):
+        end = min(offset + CHUNK_SIZE, total)
+        yield data[offset:end], sha256 if end == total else ""
+
+
+class TokenizerBundle:
+    """The archive, built on first use in a worker thread and kept; concurrent first callers
+    share one build, and a caller that goes away does not cancel it for the others."""
+
+    def __init__(self, facts: TokenizerFacts, context_length: int) -> None:
+        self._facts = facts
+        self._context_length = context_length
+        self._archive: tuple[bytes, str] | None = None
+        self._build: asyncio.Task[tuple[bytes, str]] | None = None
+
+    async def archive(self) -> tuple[bytes, str]:
+        if self._archive is not None:
+            return self._archive
+        if self._build is None:
+            self._build = asyncio.get_running_loop().create_task(self._build_once())
+        return await asyncio.shield(self._build)
+
+    async def _build_once(self) -> tuple[bytes, str]:
+        try:
+            self._archive = await asyncio.to_thread(build_bundle, self._facts, self._context_length)
+            return self._archive
+        finally:
+            self._build = None
