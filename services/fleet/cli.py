@@ -1,0 +1,128 @@
+"""`switchyard fleet`: flags, wiring, and the run-until-signalled main."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+import uvloop
+import zmq
+
+from switchyard.common import endpoints
+from switchyard.common.logs import setup_logging
+from switchyard.common.workers import WorkerSpec, parse_worker
+from switchyard.fleet.service import FleetService
+from switchyard.fleet.source import WorkerSource
+
+log = logging.getLogger(__name__)
+
+
+def _worker(text: str) -> WorkerSpec:
+    try:
+        return parse_worker(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--worker",
+        action="append",
+        default=[],
+        type=_worker,
+        metavar="URL",
+        help="engine URL, repeatable: grpc://host:port[?kv_events=tcp://h:p&kv_replay=tcp://h:p"
+        "&role=prefill]",
+    )
+    parser.add_argument(
+        "--workers-file",
+        type=Path,
+        metavar="PATH",
+        help="YAML (.yaml/.yml) or JSON (.json) list of workers, watched for edits",
+    )
+    parser.add_argument(
+        "--prefill",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="treat this engine URL as prefill when the engine does not say (repeatable)",
+    )
+    parser.add_argument(
+        "--control",
+        default=endpoints.FLEET_CONTROL,
+        help="ROUTER endpoint for snapshots and down reports",
+    )
+    parser.add_argument(
+        "--events", default=endpoints.FLEET_EVENTS, help="PUB endpoint for instance updates"
+    )
+    parser.add_argument(
+        "--probe-interval",
+        type=_seconds,
+        default=2.0,
+        metavar="SECONDS",
+        help="re-probe every worker this often (default 2)",
+    )
+    parser.add_argument(
+        "--probe-timeout",
+        type=_seconds,
+        default=2.0,
+        metavar="SECONDS",
+        help="give up on a probe after this long (default 2)",
+    )
+    parser.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging("fleet", args.log_level)
+    if not args.worker and args.workers_file is None:
+        log.error("give at least one --worker or a --workers-file")
+        return 2
+    return uvloop.run(_serve(args))
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    service = FleetService(
+        WorkerSource(args.worker, args.workers_file, args.prefill),
+        control=args.control,
+        events=args.events,
+        probe_interval=args.probe_interval,
+        probe_timeout=args.probe_timeout,
+    )
+    try:
+        await service.start()
+    except (ValueError, OSError, zmq.ZMQError) as exc:
+        log.error("fleet cannot start: %s", exc)
+        return 2
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+        log.info("fleet stopping")
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+        await service.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="switchyard fleet", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

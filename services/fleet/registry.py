@@ -1,0 +1,123 @@
+"""Fleet's state: the configured workers, the last probe result of each, and down marks.
+
+Pure (no I/O, no clock): the service feeds it specs, probe results and down reports, and
+reads back the routable list, which it diffs against what it last published.
+
+Role resolution: the engine's own role wins. When the engine reports none, the operator's
+prefill list decides: a listed worker is prefill; the others are decode when any configured
+worker is listed as prefill, aggregated otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from urllib.parse import urlsplit
+
+from switchyard.common.engines import EngineInfo
+from switchyard.common.workers import WorkerSpec
+from switchyard.protos.messages import ROLE_AGGREGATED, ROLE_DECODE, ROLE_PREFILL, Instance
+
+_WILDCARD_HOSTS = ("*", "0.0.0.0", "[::]", "::")
+
+
+def resolve_role(engine_role: str | None, listed_prefill: bool, any_listed_prefill: bool) -> str:
+    if engine_role:
+        return engine_role
+    if listed_prefill:
+        return ROLE_PREFILL
+    return ROLE_DECODE if any_listed_prefill else ROLE_AGGREGATED
+
+
+def connectable_endpoint(endpoint: str | None, engine_url: str) -> str | None:
+    """Engines advertise the address they bind (`tcp://*:5557`); consumers need one they can
+    connect to, so a wildcard host becomes the engine's own host."""
+    if not endpoint or not endpoint.startswith("tcp://"):
+        return endpoint
+    host, sep, port = endpoint[len("tcp://") :].rpartition(":")
+    if sep and host in _WILDCARD_HOSTS:
+        engine_host = urlsplit(engine_url).hostname or "127.0.0.1"
+        if ":" in engine_host:
+            engine_host = f"[{engine_host}]"
+        return f"tcp://{engine_host}:{port}"
+    return endpoint
+
+
+def build_instance(spec: WorkerSpec, info: EngineInfo, any_listed_prefill: bool) -> Instance:
+    """The routable record of a worker; endpoints from the spec override the engine's."""
+    return Instance(
+        instance_id=spec.instance_id,
+        url=spec.url,
+        protocol=info.protocol,
+        model=info.model,
+        context_length=info.context_length,
+        block_size=info.block_size,
+        role=resolve_role(info.role, spec.prefill, any_listed_prefill),
+        bootstrap_port=info.bootstrap_port,
+        kv_events_endpoint=spec.kv_events
+        or connectable_endpoint(info.kv_events_endpoint, spec.url),
+        kv_replay_endpoint=spec.kv_replay,
+        max_running_requests=info.max_running_requests,
+    )
+
+
+class Registry:
+    """Probe rounds are numbered; a down mark set while round N was the latest is cleared
+    only by a successful probe from a round started after it (so a probe already in flight
+    when the report came cannot undo it)."""
+
+    def __init__(self, specs: Iterable[WorkerSpec] = ()) -> None:
+        self._specs: dict[int, WorkerSpec] = {}
+        self._info: dict[int, EngineInfo] = {}
+        self._down: dict[int, int] = {}  # instance id -> latest round when it was reported
+        self._round = 0
+        self.configure(specs)
+
+    @property
+    def specs(self) -> list[WorkerSpec]:
+        return sorted(self._specs.values(), key=lambda spec: spec.url)
+
+    def configure(self, specs: Iterable[WorkerSpec]) -> tuple[list[WorkerSpec], list[WorkerSpec]]:
+        """Replace the configured list; returns (added, removed). A spec whose options
+        changed keeps its probe result and down mark."""
+        new = {spec.instance_id: spec for spec in specs}
+        added = [spec for i, spec in new.items() if i not in self._specs]
+        removed = [spec for i, spec in self._specs.items() if i not in new]
+        for spec in removed:
+            self._info.pop(spec.instance_id, None)
+            self._down.pop(spec.instance_id, None)
+        self._specs = new
+        return added, removed
+
+    def start_round(self) -> int:
+        self._round += 1
+        return self._round
+
+    def record(self, instance_id: int, round_: int, info: EngineInfo | None) -> None:
+        """A probe result from `round_`: its info, or None when the probe failed."""
+        if instance_id not in self._specs:
+            return  # removed while the probe was in flight
+        if info is None:
+            self._info.pop(instance_id, None)
+            return
+        self._info[instance_id] = info
+        if self._down.get(instance_id, round_) < round_:
+            del self._down[instance_id]
+
+    def mark_down(self, instance_id: int) -> bool:
+        """Take an instance out of the routable set until a later probe succeeds. False when
+        the id is not configured."""
+        if instance_id not in self._specs:
+            return False
+        self._down[instance_id] = self._round
+        return True
+
+    def is_down(self, instance_id: int) -> bool:
+        return instance_id in self._down
+
+    def routable(self) -> list[Instance]:
+        any_listed_prefill = any(spec.prefill for spec in self._specs.values())
+        return [
+            build_instance(spec, self._info[spec.instance_id], any_listed_prefill)
+            for spec in self.specs
+            if spec.instance_id in self._info and spec.instance_id not in self._down
+        ]

@@ -1,0 +1,271 @@
+"""Fleet's main loop: owns the routable instance set and tells everyone about changes.
+
+    control  ROUTER  SnapshotRequest -> Snapshot, InstanceDownReport -> Ack
+    events   PUB     FleetUpdate(version, events) whenever the routable set changes
+
+Three tasks share one Registry: the control loop (answers requests, applies down reports at
+once), the probe loop (re-probes every configured worker concurrently each probe interval,
+sooner when workers were added) and the file watch loop (polls the workers file every
+second). Every change goes through `_publish`, which diffs the routable list against the
+last published one. Versions start at the startup time in microseconds, so a restarted
+fleet continues above its predecessor and consumers see a gap, not stale versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from types import MappingProxyType
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from switchyard.common.engines import EngineInfo
+from switchyard.common.errors import EngineError
+from switchyard.common.instance_diff import diff_instances, index_instances
+from switchyard.common.workers import WorkerSpec
+from switchyard.fleet.prober import Prober
+from switchyard.fleet.registry import Registry
+from switchyard.fleet.source import WorkerSource
+from switchyard.protos import codec
+from switchyard.protos.messages import (
+    Ack,
+    FleetUpdate,
+    Instance,
+    InstanceAdded,
+    InstanceDownReport,
+    InstanceEvent,
+    InstanceRemoved,
+    Snapshot,
+    SnapshotRequest,
+)
+
+log = logging.getLogger(__name__)
+
+
+class FleetService:
+    def __init__(
+        self,
+        source: WorkerSource,
+        *,
+        control: str,
+        events: str,
+        probe_interval: float = 2.0,
+        probe_timeout: float = 2.0,
+        watch_interval: float = 1.0,
+        prober: Prober | None = None,
+        context: zmq.asyncio.Context | None = None,
+        initial_version: int | None = None,
+    ) -> None:
+        self._source = source
+        self._control_endpoint = control
+        self._events_endpoint = events
+        self._probe_interval = probe_interval
+        self._watch_interval = watch_interval
+        self._prober = prober or Prober(probe_timeout)
+        self._context = context
+        self._own_context = context is None
+        self._registry = Registry()
+        self._version = time.time_ns() // 1000 if initial_version is None else initial_version
+        self._published: Mapping[int, Instance] = MappingProxyType({})
+        self._failing: dict[int, str] = {}  # instance id -> last probe error logged
+        self._wake = asyncio.Event()
+        self._router: zmq.asyncio.Socket | None = None
+        self._pub: zmq.asyncio.Socket | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def instances(self) -> Mapping[int, Instance]:
+        """The routable set as last published."""
+        return self._published
+
+    async def start(self) -> None:
+        """Load the worker list (ValueError/OSError: bad config), bind, start the loops."""
+        specs = self._source.load()
+        self._registry.configure(specs)
+        log.info(
+            "fleet starting: %d worker(s), control %s, events %s",
+            len(specs),
+            self._control_endpoint,
+            self._events_endpoint,
+        )
+        try:
+            if self._context is None:
+                self._context = zmq.asyncio.Context()
+            self._router = self._context.socket(zmq.ROUTER)
+            self._router.setsockopt(zmq.LINGER, 0)
+            self._router.bind(self._control_endpoint)
+            self._pub = self._context.socket(zmq.PUB)
+            self._pub.setsockopt(zmq.LINGER, 0)
+            self._pub.bind(self._events_endpoint)
+        except BaseException:
+            await self.close()
+            raise
+        self._tasks = [
+            asyncio.create_task(self._control_loop(), name="fleet-control"),
+            asyncio.create_task(self._probe_loop(), name="fleet-probe"),
+        ]
+        if self._source.file is not None:
+            self._tasks.append(asyncio.create_task(self._watch_loop(), name="fleet-watch"))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        for sock in (self._router, self._pub):
+            if sock is not None:
+                sock.close(linger=0)
+        self._router = self._pub = None
+        await self._prober.close()
+        if self._own_context and self._context is not None:
+            self._context.term()
+            self._context = None
+
+    async def __aenter__(self) -> FleetService:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # ---- control ------------------------------------------------------------------------
+
+    async def _control_loop(self) -> None:
+        assert self._router is not None
+        while True:
+            frames = await self._router.recv_multipart()
+            if len(frames) < 2:
+                continue
+            try:
+                request = codec.fleet_control_request.decode(frames[-1])
+            except msgspec.DecodeError as exc:
+                log.warning("undecodable control request: %s", exc)
+                continue
+            if isinstance(request, SnapshotRequest):
+                reply: Snapshot | Ack = Snapshot(
+                    self._version, sorted(self._published.values(), key=lambda i: i.url)
+                )
+            else:
+                await self._on_down_report(request)
+                reply = Ack()
+            # Echo the envelope (identity, and the empty delimiter a REQ peer adds).
+            await self._router.send_multipart([*frames[:-1], codec.encode(reply)])
+
+    async def _on_down_report(self, report: InstanceDownReport) -> None:
+        if not self._registry.mark_down(report.instance_id):
+            log.info("down report for unknown instance_id=%s ignored", report.instance_id)
+            return
+        log.warning(
+            "instance reported down instance_id=%s kind=%s detail=%s",
+            report.instance_id,
+            report.kind,
+            report.detail,
+        )
+        await self._publish()
+
+    # ---- probing ------------------------------------------------------------------------
+
+    async def _probe_loop(self) -> None:
+        while True:
+            self._wake.clear()
+            try:
+                await self._probe_all()
+            except Exception:
+                log.exception("probe cycle failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._probe_interval)
+
+    async def _probe_all(self) -> None:
+        round_ = self._registry.start_round()
+        specs = self._registry.specs
+        results = await asyncio.gather(*(self._probe_one(spec) for spec in specs))
+        for spec, info in zip(specs, results, strict=True):
+            self._registry.record(spec.instance_id, round_, info)
+        await self._prober.retain({spec.url for spec in self._registry.specs})
+        await self._publish()
+
+    async def _probe_one(self, spec: WorkerSpec) -> EngineInfo | None:
+        try:
+            info = await self._prober.probe(spec)
+        except EngineError as exc:
+            problem = f"{exc.kind}: {exc.message}"
+        except Exception as exc:  # a malformed answer must not stop the other probes
+            problem = f"{type(exc).__name__}: {exc}"
+        else:
+            self._failing.pop(spec.instance_id, None)
+            return info
+        if self._failing.get(spec.instance_id) != problem:
+            log.warning(
+                "probe failed url=%s instance_id=%s: %s", spec.url, spec.instance_id, problem
+            )
+            self._failing[spec.instance_id] = problem
+        return None
+
+    # ---- workers file -------------------------------------------------------------------
+
+    async def _watch_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._watch_interval)
+            try:
+                specs = await asyncio.to_thread(self._source.poll)
+                if specs is not None:
+                    await self._configure(specs)
+            except Exception:
+                log.exception("workers file check failed")
+
+    async def _configure(self, specs: list[WorkerSpec]) -> None:
+        added, removed = self._registry.configure(specs)
+        log.info(
+            "workers file changed: %d worker(s), %d added, %d removed",
+            len(specs),
+            len(added),
+            len(removed),
+        )
+        for spec in removed:
+            self._failing.pop(spec.instance_id, None)
+        await self._prober.retain({spec.url for spec in specs})
+        await self._publish()
+        if added:
+            self._wake.set()  # probe the new ones now rather than at the next interval
+
+    # ---- publishing ---------------------------------------------------------------------
+
+    async def _publish(self) -> None:
+        """Publish the difference between the routable set and the last published one."""
+        routable = self._registry.routable()
+        events = diff_instances(self._published, routable)
+        if not events:
+            return
+        self._version += 1
+        self._published = MappingProxyType(index_instances(routable))
+        for event in events:
+            _log_event(event)
+        if self._pub is not None:
+            await self._pub.send(codec.encode(FleetUpdate(self._version, events)))
+
+
+def _log_event(event: InstanceEvent) -> None:
+    if isinstance(event, InstanceRemoved):
+        log.info("removed instance_id=%s url=%s", event.instance_id, event.url)
+        return
+    i = event.instance
+    log.info(
+        "%s instance_id=%s url=%s protocol=%s model=%s role=%s context_length=%s block_size=%s",
+        "added" if isinstance(event, InstanceAdded) else "updated",
+        i.instance_id,
+        i.url,
+        i.protocol,
+        i.model,
+        i.role,
+        i.context_length,
+        i.block_size,
+    )

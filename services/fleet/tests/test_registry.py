@@ -1,0 +1,114 @@
+from switchyard.common.engines import EngineInfo
+from switchyard.common.workers import WorkerSpec
+from switchyard.fleet.registry import Registry, build_instance, connectable_endpoint, resolve_role
+
+A = WorkerSpec("grpc://10.0.0.1:30000")
+B = WorkerSpec("grpc://10.0.0.2:30000")
+P = WorkerSpec("grpc://10.0.0.3:30000", prefill=True)
+
+
+def info(role: str | None = None, **changes) -> EngineInfo:
+    fields = dict(protocol="sglang", model="m", context_length=4096, block_size=16, role=role)
+    fields.update(changes)
+    return EngineInfo(**fields)
+
+
+class TestResolveRole:
+    def test_engine_role_wins(self):
+        assert resolve_role("decode", True, True) == "decode"
+        assert resolve_role("prefill", False, False) == "prefill"
+
+    def test_listed_prefill(self):
+        assert resolve_role(None, True, True) == "prefill"
+
+    def test_others_decode_when_any_prefill_listed(self):
+        assert resolve_role(None, False, True) == "decode"
+
+    def test_aggregated_without_prefill_list(self):
+        assert resolve_role(None, False, False) == "aggregated"
+
+
+class TestBuildInstance:
+    def test_spec_endpoints_override_engine(self):
+        spec = WorkerSpec(A.url, kv_events="tcp://x:1", kv_replay="tcp://x:2")
+        instance = build_instance(spec, info(kv_events_endpoint="tcp://*:5557"), False)
+        assert (instance.kv_events_endpoint, instance.kv_replay_endpoint) == (
+            "tcp://x:1",
+            "tcp://x:2",
+        )
+        assert instance.instance_id == spec.instance_id and instance.url == spec.url
+
+    def test_engine_wildcard_endpoint_gets_engine_host(self):
+        instance = build_instance(A, info(kv_events_endpoint="tcp://*:5557"), False)
+        assert instance.kv_events_endpoint == "tcp://10.0.0.1:5557"
+
+    def test_connectable_endpoint(self):
+        assert connectable_endpoint("tcp://0.0.0.0:7", "grpc://h:1") == "tcp://h:7"
+        assert connectable_endpoint("tcp://[::]:7", "grpc://[::1]:1") == "tcp://[::1]:7"
+        assert connectable_endpoint("tcp://e:7", "grpc://h:1") == "tcp://e:7"
+        assert connectable_endpoint("ipc:///tmp/x", "grpc://h:1") == "ipc:///tmp/x"
+        assert connectable_endpoint(None, "grpc://h:1") is None
+
+
+class TestRegistry:
+    def probed(self, *specs, role=None) -> Registry:
+        registry = Registry(specs)
+        round_ = registry.start_round()
+        for spec in specs:
+            registry.record(spec.instance_id, round_, info(role))
+        return registry
+
+    def test_only_probed_workers_are_routable(self):
+        registry = Registry([A, B])
+        registry.record(A.instance_id, registry.start_round(), info())
+        assert [i.url for i in registry.routable()] == [A.url]
+
+    def test_failed_probe_removes_and_success_restores(self):
+        registry = self.probed(A)
+        registry.record(A.instance_id, registry.start_round(), None)
+        assert registry.routable() == []
+        registry.record(A.instance_id, registry.start_round(), info())
+        assert [i.instance_id for i in registry.routable()] == [A.instance_id]
+
+    def test_roles_follow_the_prefill_list(self):
+        registry = self.probed(A, P)
+        assert {i.url: i.role for i in registry.routable()} == {A.url: "decode", P.url: "prefill"}
+        registry.configure([A])
+        assert {i.url: i.role for i in registry.routable()} == {A.url: "aggregated"}
+
+    def test_engine_role_beats_prefill_list(self):
+        registry = self.probed(A, P, role="decode")
+        assert {i.role for i in registry.routable()} == {"decode"}
+
+    def test_configure_reports_added_removed_and_forgets_removed(self):
+        registry = self.probed(A)
+        assert registry.configure([B]) == ([B], [A])
+        assert registry.configure([A, B]) == ([A], [])
+        assert registry.routable() == []  # A must be probed again
+
+    def test_result_for_a_removed_worker_is_ignored(self):
+        registry = Registry([A])
+        round_ = registry.start_round()
+        registry.configure([])
+        registry.record(A.instance_id, round_, info())
+        assert registry.routable() == []
+        assert registry.specs == []
+
+    def test_down_mark_cleared_only_by_a_later_round(self):
+        registry = Registry([A])
+        in_flight = registry.start_round()
+        assert registry.mark_down(A.instance_id)
+        registry.record(A.instance_id, in_flight, info())
+        assert registry.routable() == []  # a probe started before the report cannot undo it
+        registry.record(A.instance_id, registry.start_round(), info())
+        assert [i.instance_id for i in registry.routable()] == [A.instance_id]
+        assert not registry.is_down(A.instance_id)
+
+    def test_down_mark_of_unknown_instance(self):
+        assert not Registry([A]).mark_down(B.instance_id)
+
+    def test_option_change_keeps_probe_result(self):
+        registry = self.probed(A)
+        changed = WorkerSpec(A.url, kv_events="tcp://e:1")
+        assert registry.configure([changed]) == ([], [])
+        assert registry.routable()[0].kv_events_endpoint == "tcp://e:1"
