@@ -1,0 +1,189 @@
+import msgspec
+import pytest
+
+from switchyard.router.kv.decode import (
+    END_SEQ,
+    decode_payload,
+    engine_hash,
+    is_end_marker,
+    split_frames,
+)
+from switchyard.router.kv.errors import KvDecodeError
+from switchyard.router.kv.tests.wire import (
+    END,
+    cleared_array,
+    payload,
+    removed_array,
+    removed_map,
+    seq_bytes,
+    stored_array,
+    stored_map,
+)
+from switchyard.router.kv.types import CLEARED, Cleared, Removed, Stored
+
+BIG = 2**64 - 5  # above 2^63: must stay unsigned
+
+
+class TestFrames:
+    def test_pub_message(self):
+        body = payload([cleared_array()])
+        assert split_frames([b"kv", seq_bytes(7), body]) == (7, body)
+
+    def test_pub_message_with_empty_topic(self):
+        assert split_frames([b"", seq_bytes(0), b"x"]) == (0, b"x")
+
+    def test_replay_reply_three_frames(self):
+        assert split_frames([b"", seq_bytes(2**40), b"p"]) == (2**40, b"p")
+
+    def test_replay_reply_with_topic(self):
+        assert split_frames([b"", b"topic", seq_bytes(3), b"p"]) == (3, b"p")
+
+    def test_end_marker(self):
+        seq, body = split_frames([b"", END, b""])
+        assert seq == END_SEQ
+        assert is_end_marker(seq, body)
+        assert not is_end_marker(5, b"")
+
+    def test_end_marker_with_topic(self):
+        assert is_end_marker(*split_frames([b"", b"t", END, b""]))
+
+    @pytest.mark.parametrize(
+        "frames", [[b"only"], [], [b"", b"\x00\x01", b"p"], [b"t", b"123456789", b"p"]]
+    )
+    def test_bad_framing(self, frames):
+        with pytest.raises(KvDecodeError):
+            split_frames(frames)
+
+
+class TestArrayEvents:
+    def test_block_stored(self):
+        batch = decode_payload(payload([stored_array([BIG, 2], None, [1, 2, 3, 4], 2)]))
+        assert batch.records == [Stored([BIG, 2], None, [1, 2, 3, 4], 2, True, None)]
+        assert batch.skipped == 0
+        assert batch.timestamp == 1.5
+        assert batch.dp_rank == 0
+
+    def test_block_stored_with_parent_and_trailing_fields(self):
+        event = stored_array([5], BIG, [9, 9], 2, None, "GPU", "extra", {"x": 1})
+        [record] = decode_payload(payload([event])).records
+        assert record.parent == BIG
+        assert record.block_hashes == [5]
+
+    def test_block_stored_older_shape_without_lora_and_medium(self):
+        event = ["BlockStored", [1], None, [1, 2], 2]
+        [record] = decode_payload(payload([event])).records
+        assert record == Stored([1], None, [1, 2], 2, True, None)
+
+    def test_lora_and_off_device_medium(self):
+        event = stored_array([1], None, [1, 2], 2, 3, "CPU")
+        [record] = decode_payload(payload([event])).records
+        assert record.namespace == 3
+        assert record.device is False
+
+    def test_block_removed(self):
+        batch = decode_payload(payload([removed_array([BIG, 1]), ["BlockRemoved", [2]]]))
+        assert batch.records == [Removed([BIG, 1], True), Removed([2], True)]
+
+    def test_removed_from_host_tier(self):
+        [record] = decode_payload(payload([removed_array([1], "cpu_pinned")])).records
+        assert record.device is False
+
+    def test_all_blocks_cleared(self):
+        batch = decode_payload(payload([cleared_array(), ["AllBlocksCleared", "x"]]))
+        assert batch.records == [CLEARED, CLEARED]
+        assert type(batch.records[0]) is Cleared
+
+
+class TestMapEvents:
+    def test_block_stored(self):
+        event = stored_map([BIG], 17, [1, 2], 2, unknown_key=[1, 2], extra_keys=None)
+        [record] = decode_payload(payload([event])).records
+        assert record == Stored([BIG], 17, [1, 2], 2, True, None)
+
+    def test_block_stored_without_block_size(self):
+        event = stored_map([1], None, [1, 2], 2)
+        del event["block_size"]
+        [record] = decode_payload(payload([event])).records
+        assert record.block_size == 0  # the index infers it
+
+    def test_lora_name_is_a_namespace(self):
+        event = stored_map([1], None, [1, 2], 2, lora_name="adapter")
+        [record] = decode_payload(payload([event])).records
+        assert record.namespace == "adapter"
+
+    def test_block_removed_and_cleared(self):
+        events = [removed_map([3, 4], future=True), {"type": "AllBlocksCleared", "x": 1}]
+        assert decode_payload(payload(events)).records == [Removed([3, 4], True), CLEARED]
+
+
+class TestHashes:
+    def test_u64_above_2_63(self):
+        [record] = decode_payload(payload([removed_array([2**64 - 1, 2**63])])).records
+        assert record.block_hashes == [2**64 - 1, 2**63]
+
+    def test_negative_int64_maps_to_u64(self):
+        [record] = decode_payload(payload([stored_array([-1], -2, [1], 1)])).records
+        assert record.block_hashes == [2**64 - 1]
+        assert record.parent == 2**64 - 2
+
+    def test_bytes_take_the_last_8_bytes_big_endian(self):
+        digest = bytes(range(32))
+        [record] = decode_payload(payload([stored_array([digest, 5], digest, [1, 2], 1)])).records
+        expected = int.from_bytes(digest[-8:], "big")
+        assert record.block_hashes == [expected, 5]
+        assert record.parent == expected
+
+    def test_short_bytes(self):
+        assert engine_hash(b"\x01\x02") == 0x0102
+
+    def test_empty_bytes_skipped(self):
+        assert decode_payload(payload([removed_array([b""])])).skipped == 1
+
+
+class TestBatch:
+    def test_missing_dp_rank(self):
+        batch = decode_payload(payload([cleared_array()], dp_rank=None))
+        assert batch.dp_rank is None
+        assert batch.records == [CLEARED]
+
+    def test_extra_trailing_items(self):
+        body = msgspec.msgpack.encode([1.0, [cleared_array()], 2, "future", {"a": 1}])
+        batch = decode_payload(body)
+        assert batch.dp_rank == 2
+        assert batch.records == [CLEARED]
+
+    def test_mixed_encodings_in_one_batch(self):
+        events = [stored_array([1], None, [1], 1), removed_map([1]), cleared_array()]
+        assert len(decode_payload(payload(events)).records) == 3
+
+    def test_unknown_and_malformed_events_are_skipped_and_counted(self):
+        events = [
+            ["FutureEvent", 1, 2],
+            {"type": "Unheard"},
+            {"no_type": 1},
+            [],
+            "text",
+            7,
+            ["BlockStored", [1]],  # too short
+            ["BlockStored", [1], None, "not tokens", 1],
+            ["BlockStored", [1.5], None, [1], 1],  # float hash
+            {"type": "BlockRemoved"},  # no block_hashes
+            cleared_array(),
+        ]
+        batch = decode_payload(payload(events))
+        assert batch.records == [CLEARED]
+        assert batch.skipped == 10
+
+    @pytest.mark.parametrize(
+        "body",
+        [
+            b"\xc1",  # never-used msgpack byte
+            b"",
+            msgspec.msgpack.encode({"ts": 1}),
+            msgspec.msgpack.encode([1.0]),
+            msgspec.msgpack.encode([1.0, "events"]),
+        ],
+    )
+    def test_not_a_batch(self, body):
+        with pytest.raises(KvDecodeError):
+            decode_payload(body)
