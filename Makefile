@@ -28,6 +28,7 @@ e2e: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy libs/common services/router services/dispatcher protos
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 try:
     import uvloop
 except ImportError:  # pragma: no cover - uvloop is a dependency; keep the fallback honest
-    uvloop = None
+    uvloop = None  # type: ignore[assignment]
 
 
 def run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> int:

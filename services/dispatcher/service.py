@@ -48,7 +48,7 @@ class DispatcherService:
             ]
         )
         log.info("dispatcher ready bind=%s instances=%d", self.bind, len(self.pool))
-        serve = asyncio.create_task(self._serve())
+        serve = asyncio.create_task(self._serve(self._sock))
         try:
             await stop.wait()
         finally:
@@ -62,8 +62,7 @@ class DispatcherService:
             self._sock.close(linger=0)
             self._ctx.term()
 
-    async def _serve(self) -> None:
-        sock = self._sock
+    async def _serve(self, sock: zmq.asyncio.Socket) -> None:
         decode = codec.dispatcher_request.decode
         while True:
             identity, payload = await sock.recv_multipart(copy=False)
@@ -74,15 +73,14 @@ class DispatcherService:
                 log.warning("undecodable dispatcher request")
                 continue
             if isinstance(message, GenerateRequest):
-                self._start(peer, message)
+                self._start(sock, peer, message)
             elif isinstance(message, CancelRequest):
                 task = self._tasks.get((peer, message.request_id))
                 if task is not None:
                     task.cancel()
 
-    def _start(self, peer: bytes, request: GenerateRequest) -> None:
+    def _start(self, sock: zmq.asyncio.Socket, peer: bytes, request: GenerateRequest) -> None:
         key = (peer, request.request_id)
-        sock = self._sock
         encode = codec.encode
 
         async def send(reply: object) -> None:

@@ -45,7 +45,7 @@ class RouterService:
             self.core.policy.name,
             len(self.fleet.instances),
         )
-        serve = asyncio.create_task(self._serve())
+        serve = asyncio.create_task(self._serve(self._sock))
         try:
             await stop.wait()
         finally:
@@ -58,8 +58,7 @@ class RouterService:
     def _on_fleet_change(self, events) -> None:
         self.core.set_instances(self.fleet.instances)
 
-    async def _serve(self) -> None:
-        sock = self._sock
+    async def _serve(self, sock: zmq.asyncio.Socket) -> None:
         decode = codec.router_request.decode
         encode = codec.encode
         core = self.core

@@ -6,7 +6,7 @@ import abc
 import hashlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeAlias
 
 import grpc
 
@@ -50,7 +50,7 @@ class EngineLoad:
     waiting: int
 
 
-GenerateEvent = TokenDelta | GenerateFinished
+GenerateEvent: TypeAlias = TokenDelta | GenerateFinished
 
 
 class EngineClient(abc.ABC):

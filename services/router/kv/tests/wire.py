@@ -136,7 +136,7 @@ class FakePublisher:
         self._replayer = asyncio.create_task(self._serve_replay())
 
     async def wait_subscribed(self, timeout: float = DEADLINE) -> None:
-        if not await self.pub.poll(int(timeout * 1000), zmq.POLLIN):
+        if not await self.pub.poll(int(timeout * 1000), zmq.POLLIN):  # type: ignore[call-arg]
             raise AssertionError("no subscriber connected")
         await self.pub.recv()  # b"\x01" + topic
 
