@@ -101,6 +101,19 @@ class RouteRequest(msgspec.Struct, frozen=True, kw_only=True, tag="route"):
     model: str
     token_ids: list[int]
     exclude: list[int] = []  # instance ids that already failed this request
+    dry_run: bool = False  # decide and explain, but book no load (POST /debug/route)
+
+
+class WorkerScore(msgspec.Struct, frozen=True, kw_only=True):
+    """How the router saw one candidate (dry runs only)."""
+
+    instance_id: int
+    url: str
+    overlap_blocks: int
+    in_flight: int
+    active_blocks: int
+    prefill_blocks: int  # blocks this request would prefill there + prefills already queued
+    cost: float
 
 
 class RouteResponse(msgspec.Struct, frozen=True, kw_only=True, tag="routed"):
@@ -108,6 +121,9 @@ class RouteResponse(msgspec.Struct, frozen=True, kw_only=True, tag="routed"):
     instance_id: int | None  # None: no instance can take it (see `error`)
     error: str = ""
     overlap_blocks: int = 0
+    prompt_blocks: int = 0
+    policy: str = ""
+    workers: list[WorkerScore] = []  # filled for dry runs
 
 
 # RouteProgress stages: the router frees its load bookkeeping with them.

@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefill", action="append", default=[])
     parser.add_argument("--http-host", default=endpoints.HTTP_HOST)
     parser.add_argument("--http-port", type=int, default=endpoints.HTTP_PORT)
-    parser.add_argument("--router-mode", default="round_robin")
+    parser.add_argument("--router-mode", default="kv")
     parser.add_argument("--dispatchers", type=int, default=1, help="dispatcher replicas")
     parser.add_argument(
         "--tokenizer",

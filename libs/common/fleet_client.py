@@ -164,6 +164,13 @@ class FleetClient:
     # ---- reader -------------------------------------------------------------------------
 
     async def _run(self) -> None:
+        try:
+            await self._follow()
+        except Exception:
+            log.exception("fleet client reader stopped: instances will no longer change")
+            raise
+
+    async def _follow(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             timeout = -1

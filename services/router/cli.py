@@ -7,10 +7,11 @@ import asyncio
 
 from switchyard.common import endpoints
 from switchyard.common.logs import setup_logging
+from switchyard.common.metrics import add_metrics_arguments, serve_metrics
 from switchyard.common.runner import run_until_signal
 from switchyard.router.core import RouterCore
 from switchyard.router.load import InFlightTracker
-from switchyard.router.policies import POLICIES, build_policy
+from switchyard.router.policies import MODES, KvParams, build_policy
 from switchyard.router.service import RouterService
 
 
@@ -18,22 +19,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bind", default=endpoints.ROUTER, help="ZMQ endpoint to serve on")
     parser.add_argument("--fleet-control", default=endpoints.FLEET_CONTROL)
     parser.add_argument("--fleet-events", default=endpoints.FLEET_EVENTS)
-    parser.add_argument("--router-mode", choices=sorted(POLICIES), default="round_robin")
+    parser.add_argument("--router-mode", choices=MODES, default="kv")
+    parser.add_argument(
+        "--kv-overlap-weight",
+        type=float,
+        default=1.0,
+        help="weight of prefill blocks against decode blocks in the KV cost",
+    )
+    parser.add_argument(
+        "--kv-temperature",
+        type=float,
+        default=0.0,
+        help="0: always the cheapest worker; >0: softmax sampling over costs",
+    )
     parser.add_argument(
         "--request-ttl",
         type=float,
         default=600.0,
         help="seconds after which an unfinished request stops counting as load",
     )
+    add_metrics_arguments(parser)
     parser.add_argument("--log-level", default="INFO")
 
 
 def run(args: argparse.Namespace) -> int:
     setup_logging("router", args.log_level)
+    kv_params = KvParams(args.kv_overlap_weight, args.kv_temperature)
 
     async def main(stop: asyncio.Event) -> None:
-        core = RouterCore(build_policy(args.router_mode), InFlightTracker(args.request_ttl))
+        core = RouterCore(
+            build_policy(args.router_mode, kv_params=kv_params), InFlightTracker(args.request_ttl)
+        )
         service = RouterService(core, args.bind, args.fleet_control, args.fleet_events)
+        serve_metrics(service.metrics.registry, args.metrics_host, args.metrics_port)
         await service.run(stop)
 
     return run_until_signal(main)

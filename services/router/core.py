@@ -1,4 +1,5 @@
-"""The routing decision: filter candidates (model, role, exclusions), then ask the policy.
+"""The routing decision: filter candidates (model, role, exclusions), look up KV overlap when
+the policy asks for it, then ask the policy.
 
 Pure and synchronous: the service passes `now`, so tests need no clock.
 """
@@ -7,7 +8,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 
+from switchyard.common.block_hash import block_hashes
 from switchyard.protos.messages import (
     ROLE_PREFILL,
     STAGE_FINISHED,
@@ -16,9 +19,11 @@ from switchyard.protos.messages import (
     RouteProgress,
     RouteRequest,
     RouteResponse,
+    WorkerScore,
 )
+from switchyard.router.kv.index import KvIndex
 from switchyard.router.load import InFlightTracker
-from switchyard.router.types import Policy, RouteContext, WorkerView
+from switchyard.router.types import Decision, Policy, RouteContext, WorkerView
 
 log = logging.getLogger(__name__)
 
@@ -26,10 +31,21 @@ NO_WORKER = "no_worker"
 UNKNOWN_MODEL = "unknown_model"
 
 
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """A decision with what the service needs for metrics."""
+
+    response: RouteResponse
+    decision: Decision | None
+
+
 class RouterCore:
-    def __init__(self, policy: Policy, tracker: InFlightTracker | None = None) -> None:
+    def __init__(
+        self, policy: Policy, tracker: InFlightTracker | None = None, index: KvIndex | None = None
+    ) -> None:
         self.policy = policy
         self.tracker = tracker or InFlightTracker()
+        self.index = index or KvIndex()
         self._instances: Mapping[int, Instance] = {}
 
     def set_instances(self, instances: Mapping[int, Instance]) -> None:
@@ -38,9 +54,85 @@ class RouterCore:
             self.tracker.drop_instance(gone)
         self._instances = instances
 
-    def candidates(self, model: str, exclude: frozenset[int]) -> list[WorkerView]:
+    def route(self, request: RouteRequest, now: float) -> Routed:
+        self.tracker.expire(now)
+        exclude = frozenset(request.exclude)
+        instances = [
+            i
+            for i in self._instances.values()
+            # Prefill-only engines take the prefill hop, never a whole request.
+            if i.model == request.model and i.role != ROLE_PREFILL and i.instance_id not in exclude
+        ]
+        if not instances:
+            known = any(i.model == request.model for i in self._instances.values())
+            error = NO_WORKER if known or request.exclude else UNKNOWN_MODEL
+            return Routed(
+                RouteResponse(request_id=request.request_id, instance_id=None, error=error), None
+            )
+        candidates, prompt_blocks = self._candidates(instances, request.token_ids)
+        ctx = RouteContext(request.request_id, request.model, request.token_ids, prompt_blocks)
+        decision = self.policy.pick(candidates, ctx)
+        chosen = decision.chosen
+        if not request.dry_run:
+            self.tracker.add(
+                request.request_id,
+                chosen.instance_id,
+                now,
+                prefill_blocks=prompt_blocks - chosen.overlap_blocks,
+                blocks=prompt_blocks,
+            )
+        log.debug(
+            "route request_id=%s instance_id=%d policy=%s overlap=%d/%d",
+            request.request_id,
+            chosen.instance_id,
+            self.policy.name,
+            chosen.overlap_blocks,
+            prompt_blocks,
+        )
+        workers = (
+            [
+                WorkerScore(
+                    instance_id=w.instance_id,
+                    url=w.url,
+                    overlap_blocks=w.overlap_blocks,
+                    in_flight=w.in_flight,
+                    active_blocks=w.active_blocks,
+                    prefill_blocks=prompt_blocks - w.overlap_blocks + w.pending_prefill_blocks,
+                    cost=decision.costs.get(w.instance_id, 0.0),
+                )
+                for w in candidates
+            ]
+            if request.dry_run
+            else []
+        )
+        response = RouteResponse(
+            request_id=request.request_id,
+            instance_id=chosen.instance_id,
+            overlap_blocks=chosen.overlap_blocks,
+            prompt_blocks=prompt_blocks,
+            policy=self.policy.name,
+            workers=workers,
+        )
+        return Routed(response, decision)
+
+    def _candidates(
+        self, instances: list[Instance], token_ids: list[int]
+    ) -> tuple[list[WorkerView], int]:
         tracker = self.tracker
-        return [
+        overlaps: dict[int, int] = {}
+        prompt_blocks = 0
+        if self.policy.needs_overlap:
+            # Hash once per block size (normally all workers of a model share one).
+            by_size: dict[int, tuple[int, dict[int, int]]] = {}
+            for inst in instances:
+                if inst.block_size not in by_size:
+                    hashes = block_hashes(token_ids, inst.block_size)
+                    by_size[inst.block_size] = (len(hashes), self.index.overlaps(hashes))
+            for inst in instances:
+                count, found = by_size[inst.block_size]
+                prompt_blocks = max(prompt_blocks, count)
+                overlaps[inst.instance_id] = found.get(inst.instance_id, 0)
+        views = [
             WorkerView(
                 instance_id=i.instance_id,
                 url=i.url,
@@ -48,32 +140,13 @@ class RouterCore:
                 role=i.role,
                 in_flight=tracker.in_flight(i.instance_id),
                 in_prefill=tracker.in_prefill(i.instance_id),
+                overlap_blocks=overlaps.get(i.instance_id, 0),
+                pending_prefill_blocks=tracker.prefill_blocks(i.instance_id),
+                active_blocks=tracker.active_blocks(i.instance_id),
             )
-            for i in self._instances.values()
-            # Prefill-only engines take the prefill hop, never a whole request.
-            if i.model == model and i.role != ROLE_PREFILL and i.instance_id not in exclude
+            for i in instances
         ]
-
-    def route(self, request: RouteRequest, now: float) -> RouteResponse:
-        self.tracker.expire(now)
-        candidates = self.candidates(request.model, frozenset(request.exclude))
-        if not candidates:
-            known = any(i.model == request.model for i in self._instances.values())
-            return RouteResponse(
-                request_id=request.request_id,
-                instance_id=None,
-                error=NO_WORKER if known or request.exclude else UNKNOWN_MODEL,
-            )
-        ctx = RouteContext(request.request_id, request.model, request.token_ids)
-        chosen = self.policy.pick(candidates, ctx)
-        self.tracker.add(request.request_id, chosen.instance_id, now)
-        log.debug(
-            "route request_id=%s instance_id=%d policy=%s",
-            request.request_id,
-            chosen.instance_id,
-            self.policy.name,
-        )
-        return RouteResponse(request_id=request.request_id, instance_id=chosen.instance_id)
+        return views, prompt_blocks
 
     def progress(self, notice: RouteProgress) -> None:
         if notice.stage == STAGE_FIRST_TOKEN:

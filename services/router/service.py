@@ -1,10 +1,12 @@
-"""The router process: follows fleet, answers RouteRequest on a ZMQ ROUTER socket."""
+"""The router process: follows fleet, ingests the engines' KV events, answers RouteRequest on
+a ZMQ ROUTER socket."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 import msgspec
 import zmq
@@ -13,8 +15,10 @@ import zmq.asyncio
 from switchyard.common.fleet_client import FleetClient
 from switchyard.common.messaging import new_socket
 from switchyard.protos import codec
-from switchyard.protos.messages import RouteProgress, RouteRequest
+from switchyard.protos.messages import InstanceAdded, InstanceEvent, RouteProgress, RouteRequest
 from switchyard.router.core import RouterCore
+from switchyard.router.kv.ingestor import KvIngestor
+from switchyard.router.metrics import RouterMetrics
 
 log = logging.getLogger(__name__)
 
@@ -26,42 +30,56 @@ class RouterService:
         bind: str,
         fleet_control: str,
         fleet_events: str,
-        clock=time.monotonic,
+        metrics: RouterMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.core = core
         self.bind = bind
-        self.fleet = FleetClient(fleet_control, fleet_events, on_change=self._on_fleet_change)
+        self.metrics = metrics or RouterMetrics(core.index)
         self.clock = clock
         self._ctx = zmq.asyncio.Context()
-        self._sock: zmq.asyncio.Socket | None = None
+        # Only KV-aware routing needs the engines' events.
+        self.ingestor = (
+            KvIngestor(core.index, context=self._ctx) if core.policy.needs_overlap else None
+        )
+        self.fleet = FleetClient(fleet_control, fleet_events, on_change=self._on_fleet_change)
 
     async def run(self, stop: asyncio.Event) -> None:
-        self._sock = new_socket(self._ctx, zmq.ROUTER, bind=self.bind)
+        sock = new_socket(self._ctx, zmq.ROUTER, bind=self.bind)
         await self.fleet.start()
         self.core.set_instances(self.fleet.instances)
+        if self.ingestor is not None:
+            self.ingestor.apply_events([InstanceAdded(i) for i in self.fleet.instances.values()])
         log.info(
             "router ready bind=%s policy=%s instances=%d",
             self.bind,
             self.core.policy.name,
             len(self.fleet.instances),
         )
-        serve = asyncio.create_task(self._serve(self._sock))
+        serve = asyncio.create_task(self._serve(sock))
         try:
             await stop.wait()
         finally:
             serve.cancel()
             await asyncio.gather(serve, return_exceptions=True)
             await self.fleet.close()
-            self._sock.close(linger=0)
+            if self.ingestor is not None:
+                await self.ingestor.close()
+            sock.close(linger=0)
             self._ctx.term()
 
-    def _on_fleet_change(self, events) -> None:
+    def _on_fleet_change(self, events: list[InstanceEvent]) -> None:
         self.core.set_instances(self.fleet.instances)
+        if self.ingestor is not None:
+            self.ingestor.apply_events(events)
 
     async def _serve(self, sock: zmq.asyncio.Socket) -> None:
         decode = codec.router_request.decode
         encode = codec.encode
         core = self.core
+        metrics = self.metrics
+        clock = time.perf_counter
+        mode = core.policy.name
         while True:
             identity, payload = await sock.recv_multipart(copy=False)
             try:
@@ -70,7 +88,14 @@ class RouterService:
                 log.warning("undecodable router request")
                 continue
             if isinstance(message, RouteRequest):
-                reply = core.route(message, self.clock())
+                started = clock()
+                routed = core.route(message, self.clock())
+                metrics.latency.observe(clock() - started)
+                reply = routed.response
+                if reply.instance_id is not None and not message.dry_run:
+                    metrics.decisions.labels(mode).inc()
+                    if reply.prompt_blocks:
+                        metrics.hit_ratio.observe(reply.overlap_blocks / reply.prompt_blocks)
                 try:
                     await sock.send_multipart([identity, encode(reply)])
                 except zmq.ZMQError as exc:  # the asker went away

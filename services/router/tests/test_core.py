@@ -38,32 +38,32 @@ def core(*instances: Instance, mode: str = "least_loaded") -> RouterCore:
 class TestCandidates:
     def test_only_the_requested_model(self):
         c = core(inst(1, "a"), inst(2, "b"))
-        assert c.route(req("r", "b"), now=0).instance_id == 2
+        assert c.route(req("r", "b"), now=0).response.instance_id == 2
 
     def test_prefill_engines_never_take_whole_requests(self):
         c = core(inst(1, role=ROLE_PREFILL), inst(2, role=ROLE_DECODE))
-        assert {c.route(req(f"r{n}"), now=0).instance_id for n in range(5)} == {2}
+        assert {c.route(req(f"r{n}"), now=0).response.instance_id for n in range(5)} == {2}
 
     def test_excluded_instances_are_skipped(self):
         c = core(inst(1), inst(2))
-        assert c.route(req("r", exclude=[1]), now=0).instance_id == 2
+        assert c.route(req("r", exclude=[1]), now=0).response.instance_id == 2
 
     def test_unknown_model_and_no_worker_are_told_apart(self):
         c = core(inst(1))
-        assert c.route(req("r", "nope"), now=0).error == UNKNOWN_MODEL
-        reply = c.route(req("r", exclude=[1]), now=0)
+        assert c.route(req("r", "nope"), now=0).response.error == UNKNOWN_MODEL
+        reply = c.route(req("r", exclude=[1]), now=0).response
         assert (reply.instance_id, reply.error) == (None, NO_WORKER)
 
 
 class TestLoadBookkeeping:
     def test_least_loaded_spreads_and_progress_frees(self):
         c = core(inst(1), inst(2))
-        first = c.route(req("a"), now=0).instance_id
-        second = c.route(req("b"), now=0).instance_id
+        first = c.route(req("a"), now=0).response.instance_id
+        second = c.route(req("b"), now=0).response.instance_id
         assert {first, second} == {1, 2}
         c.progress(RouteProgress("a", first, STAGE_FIRST_TOKEN))
         c.progress(RouteProgress("a", first, STAGE_FINISHED))
-        assert c.route(req("c"), now=0).instance_id == first
+        assert c.route(req("c"), now=0).response.instance_id == first
 
     def test_removed_instance_forgets_its_load(self):
         c = core(inst(1), inst(2))

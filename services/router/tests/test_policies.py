@@ -26,7 +26,7 @@ class TestRoundRobin:
     def test_cycles_in_instance_id_order_whatever_the_input_order(self):
         policy = build_policy("round_robin")
         ws = workers(0, 0, 0)
-        picks = [policy.pick(ws[::-1] if n % 2 else ws, CTX).instance_id for n in range(6)]
+        picks = [policy.pick(ws[::-1] if n % 2 else ws, CTX).chosen.instance_id for n in range(6)]
         assert picks == [1, 2, 3, 1, 2, 3]
 
 
@@ -35,8 +35,8 @@ class TestRandom:
         a = build_policy("random", random.Random(7))
         b = build_policy("random", random.Random(7))
         ws = workers(0, 0, 0)
-        picks_a = [a.pick(ws, CTX).instance_id for _ in range(60)]
-        picks_b = [b.pick(ws, CTX).instance_id for _ in range(60)]
+        picks_a = [a.pick(ws, CTX).chosen.instance_id for _ in range(60)]
+        picks_b = [b.pick(ws, CTX).chosen.instance_id for _ in range(60)]
         assert picks_a == picks_b
         assert set(picks_a) == {1, 2, 3}
 
@@ -44,11 +44,11 @@ class TestRandom:
 class TestLeastLoaded:
     def test_picks_the_lowest_load(self):
         policy = build_policy("least_loaded", random.Random(1))
-        assert policy.pick(workers(3, 1, 2), CTX).instance_id == 2
+        assert policy.pick(workers(3, 1, 2), CTX).chosen.instance_id == 2
 
     def test_ties_are_shared(self):
         policy = build_policy("least_loaded", random.Random(1))
-        picks = {policy.pick(workers(1, 0, 0), CTX).instance_id for _ in range(50)}
+        picks = {policy.pick(workers(1, 0, 0), CTX).chosen.instance_id for _ in range(50)}
         assert picks == {2, 3}
 
 

@@ -1,0 +1,61 @@
+"""The router's Prometheus metrics. Decision metrics are updated per route; KV ingestion
+counters and index sizes are read at scrape time (nothing on the ingestion hot path)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from switchyard.router.kv.index import KvIndex
+
+_LATENCY_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2)
+_RATIO_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
+
+
+class _KvCollector(Collector):
+    def __init__(self, index: KvIndex) -> None:
+        self.index = index
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        c = self.index.counters
+        for name, value, doc in (
+            ("kv_events_applied", c.events_applied, "KV events applied to the index"),
+            ("kv_replays", c.replays, "replays fetched from engines' replay sockets"),
+            ("kv_gaps", c.gaps, "sequence gaps seen on KV event streams"),
+            ("kv_resets", c.resets, "KV event streams that restarted (engine restarts)"),
+            ("kv_unknown_parent", c.unknown_parent, "stored events skipped: unknown parent"),
+            ("kv_decode_errors", c.decode_errors, "undecodable KV event messages"),
+        ):
+            yield CounterMetricFamily(f"switchyard_router_{name}", doc, value=value)
+        sizes = GaugeMetricFamily(
+            "switchyard_router_kv_index_blocks",
+            "blocks the index holds per worker",
+            labels=["instance_id"],
+        )
+        for instance_id in self.index.workers():
+            sizes.add_metric([str(instance_id)], self.index.size(instance_id))
+        yield sizes
+
+
+class RouterMetrics:
+    def __init__(self, index: KvIndex) -> None:
+        self.registry = CollectorRegistry()
+        self.decisions = Counter(
+            "switchyard_router_decisions", "routing decisions", ["mode"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "switchyard_router_decision_seconds",
+            "time to take one routing decision",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.hit_ratio = Histogram(
+            "switchyard_router_predicted_hit_ratio",
+            "overlap blocks / prompt blocks of the chosen worker",
+            buckets=_RATIO_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(_KvCollector(index))
