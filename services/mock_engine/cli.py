@@ -31,11 +31,73 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context-length", type=int, default=cfg.DEFAULT_CONTEXT_LENGTH)
     parser.add_argument("--block-size", type=int, default=cfg.DEFAULT_BLOCK_SIZE)
     parser.add_argument("--num-blocks", type=int, default=cfg.DEFAULT_NUM_BLOCKS)
-    parser.add_argument("--ttft-ms", type=float, default=cfg.DEFAULT_TTFT_MS)
+    parser.add_argument(
+        "--ttft-ms",
+        type=float,
+        default=cfg.DEFAULT_TTFT_MS,
+        help="a fixed cost added to every prefill",
+    )
     parser.add_argument("--itl-ms", type=float, default=cfg.DEFAULT_ITL_MS)
+    timing = parser.add_argument_group(
+        "timing",
+        "prefill = base + per-token x uncached x (1 + uncached / superlinear) (+ --ttft-ms); "
+        "decode step = itl x (1 + batch-slowdown x running requests); all / --speedup",
+    )
+    timing.add_argument("--prefill-base-ms", type=float, default=cfg.DEFAULT_PREFILL_BASE_MS)
+    timing.add_argument(
+        "--prefill-ms-per-token", type=float, default=cfg.DEFAULT_PREFILL_MS_PER_TOKEN
+    )
+    timing.add_argument(
+        "--prefill-superlinear-tokens", type=int, default=cfg.DEFAULT_PREFILL_SUPERLINEAR_TOKENS
+    )
+    timing.add_argument("--batch-slowdown", type=float, default=cfg.DEFAULT_BATCH_SLOWDOWN)
     parser.add_argument("--speedup", type=float, default=1.0, help="divides every delay")
     parser.add_argument("--role", choices=[r.value for r in cfg.Role], default=cfg.Role.BOTH.value)
     parser.add_argument("--log-level", default="INFO", choices=cfg.LOG_LEVELS, type=str.upper)
+    kv = parser.add_argument_group("KV events (the engines' ZMQ publisher, and SubscribeKvEvents)")
+    kv.add_argument(
+        "--kv-events-endpoint",
+        default=None,
+        help="ZMQ PUB to bind, e.g. tcp://*:5557; off if unset",
+    )
+    kv.add_argument("--kv-events-topic", default="")
+    kv.add_argument(
+        "--kv-events-format",
+        choices=[f.value for f in cfg.EventFormat],
+        default=cfg.EventFormat.MAP.value,
+        help="map: {'type': ...} events; array: the older tag-first arrays",
+    )
+    hashes = kv.add_mutually_exclusive_group()
+    hashes.add_argument(
+        "--kv-hash-bytes",
+        dest="kv_hash_form",
+        action="store_const",
+        const=cfg.HashForm.BYTES.value,
+        default=cfg.HashForm.UINT.value,
+        help="block hashes as 8 big-endian bytes instead of unsigned ints",
+    )
+    hashes.add_argument(
+        "--kv-hash-signed",
+        dest="kv_hash_form",
+        action="store_const",
+        const=cfg.HashForm.INT.value,
+        help="block hashes as signed 64-bit ints (the same bits)",
+    )
+    kv.add_argument("--kv-hash-seed", type=int, default=None, help="default: random per engine")
+    kv.add_argument(
+        "--kv-replay-endpoint", default=None, help="ZMQ ROUTER to bind, e.g. tcp://*:5558"
+    )
+    kv.add_argument(
+        "--kv-replay-topic-frame",
+        action="store_true",
+        help='replay replies as [b"", topic, seq, payload] (newer vLLM)',
+    )
+    kv.add_argument("--kv-replay-buffer", type=int, default=cfg.DEFAULT_KV_REPLAY_BUFFER)
+    kv.add_argument(
+        "--kv-skip-seq",
+        default="",
+        help="comma list of sequence numbers withheld from the PUB socket (still replayable)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> cfg.MockEngineConfig:
@@ -50,9 +112,22 @@ def config_from_args(args: argparse.Namespace) -> cfg.MockEngineConfig:
         num_blocks=args.num_blocks,
         ttft_ms=args.ttft_ms,
         itl_ms=args.itl_ms,
+        prefill_base_ms=args.prefill_base_ms,
+        prefill_ms_per_token=args.prefill_ms_per_token,
+        prefill_superlinear_tokens=args.prefill_superlinear_tokens,
+        batch_slowdown=args.batch_slowdown,
         speedup=args.speedup,
         role=args.role,
         log_level=args.log_level,
+        kv_events_endpoint=args.kv_events_endpoint,
+        kv_events_topic=args.kv_events_topic,
+        kv_events_format=args.kv_events_format,
+        kv_hash_form=args.kv_hash_form,
+        kv_hash_seed=args.kv_hash_seed,
+        kv_replay_endpoint=args.kv_replay_endpoint,
+        kv_replay_topic_frame=args.kv_replay_topic_frame,
+        kv_replay_buffer=args.kv_replay_buffer,
+        kv_skip_seqs=cfg.parse_seq_list(args.kv_skip_seq),
     )
 
 

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
+import math
+from collections.abc import Iterable
 from pathlib import Path
 
 from switchyard.mock_engine.errors import ConfigError
+from switchyard.mock_engine.timing import Timing
 
 DEFAULT_MODEL_NAME = "deepseek-mock"
 DEFAULT_CONTEXT_LENGTH = 8192
@@ -14,6 +18,12 @@ DEFAULT_BLOCK_SIZE = 16
 DEFAULT_NUM_BLOCKS = 4096
 DEFAULT_TTFT_MS = 20.0
 DEFAULT_ITL_MS = 5.0
+DEFAULT_PREFILL_BASE_MS = 5.0
+DEFAULT_PREFILL_MS_PER_TOKEN = 0.05
+DEFAULT_PREFILL_SUPERLINEAR_TOKENS = 8192
+DEFAULT_BATCH_SLOWDOWN = 0.02
+DEFAULT_KV_REPLAY_BUFFER = 10_000  # the engines' buffer_steps
+KV_EVENTS_HWM = 100_000  # the engines' PUB high-water mark (and max_queue_size)
 DEFAULT_BOOTSTRAP_PORT = 8998  # SGLang's default --disaggregation-bootstrap-port
 MAX_RUNNING_REQUESTS = 256  # reported as the scheduler's running window (vLLM max_num_seqs)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -22,6 +32,44 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 class EngineProtocol(enum.StrEnum):
     SGLANG = "sglang"
     VLLM = "vllm"
+
+
+class EventFormat(enum.StrEnum):
+    """How KV events are encoded: maps with a "type" key, or the older tag-first arrays."""
+
+    MAP = "map"
+    ARRAY = "array"
+
+
+class HashForm(enum.StrEnum):
+    """How block hashes go on the wire."""
+
+    UINT = "uint"  # unsigned 64-bit ints (the default)
+    INT = "int"  # the same bits as signed 64-bit ints (what SGLang's ints look like)
+    BYTES = "bytes"  # 8 bytes, big-endian
+
+
+_ENDPOINT_SCHEMES = ("tcp://", "ipc://", "inproc://")
+
+
+def parse_seq_list(value: str | Iterable[int] | None) -> frozenset[int]:
+    """`"3,4"` (or ints) as a set of sequence numbers; ConfigError on anything else."""
+    if value is None:
+        return frozenset()
+    items: Iterable[object] = value.split(",") if isinstance(value, str) else value
+    seqs: set[int] = set()
+    for item in items:
+        text = item.strip() if isinstance(item, str) else item
+        if text == "":
+            continue
+        try:
+            seq = int(text)  # type: ignore[call-overload]
+        except (TypeError, ValueError):
+            raise ConfigError("kv_skip_seqs", f"not a sequence number: {item!r}") from None
+        if seq < 0:
+            raise ConfigError("kv_skip_seqs", f"sequence numbers are >= 0, got {seq}")
+        seqs.add(seq)
+    return frozenset(seqs)
 
 
 class Role(enum.StrEnum):
@@ -49,11 +97,24 @@ class MockEngineConfig:
     context_length: int = DEFAULT_CONTEXT_LENGTH
     block_size: int = DEFAULT_BLOCK_SIZE
     num_blocks: int = DEFAULT_NUM_BLOCKS
-    ttft_ms: float = DEFAULT_TTFT_MS
+    ttft_ms: float = DEFAULT_TTFT_MS  # a fixed cost on top of the prefill
     itl_ms: float = DEFAULT_ITL_MS
+    prefill_base_ms: float = DEFAULT_PREFILL_BASE_MS
+    prefill_ms_per_token: float = DEFAULT_PREFILL_MS_PER_TOKEN
+    prefill_superlinear_tokens: int = DEFAULT_PREFILL_SUPERLINEAR_TOKENS
+    batch_slowdown: float = DEFAULT_BATCH_SLOWDOWN
     speedup: float = 1.0
     role: Role = Role.BOTH
     log_level: str = "INFO"
+    kv_events_endpoint: str | None = None  # ZMQ PUB, bound; None: no PUB socket
+    kv_events_topic: str = ""
+    kv_events_format: EventFormat = EventFormat.MAP
+    kv_hash_form: HashForm = HashForm.UINT
+    kv_hash_seed: int | None = None  # None: a random seed per engine
+    kv_replay_endpoint: str | None = None  # ZMQ ROUTER, bound; None: no replay socket
+    kv_replay_topic_frame: bool = False  # replay replies as [b"", topic, seq, payload]
+    kv_replay_buffer: int = DEFAULT_KV_REPLAY_BUFFER
+    kv_skip_seqs: frozenset[int] = frozenset()  # fault injection: not sent on the PUB socket
 
     def __post_init__(self) -> None:
         try:
@@ -77,15 +138,82 @@ class MockEngineConfig:
                 raise ConfigError(name, f"must be at least 1, got {getattr(self, name)}")
         if self.context_length < 2:
             raise ConfigError("context_length", "must leave room for a prompt and one token")
-        for name in ("ttft_ms", "itl_ms"):
-            if not getattr(self, name) >= 0:  # also refuses NaN
-                raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
+        for name in (
+            "ttft_ms",
+            "itl_ms",
+            "prefill_base_ms",
+            "prefill_ms_per_token",
+            "batch_slowdown",
+        ):
+            value = getattr(self, name)
+            if not value >= 0 or math.isinf(value):  # also refuses NaN
+                raise ConfigError(name, f"must be finite and >= 0, got {value}")
+        if self.prefill_superlinear_tokens < 1:
+            message = f"must be at least 1, got {self.prefill_superlinear_tokens}"
+            raise ConfigError("prefill_superlinear_tokens", message)
+        self._check_kv_events()
         if not self.speedup > 0:
             raise ConfigError("speedup", f"must be > 0, got {self.speedup}")
         if self.log_level.upper() not in LOG_LEVELS:
             raise ConfigError("log_level", f"must be one of {', '.join(LOG_LEVELS)}")
         tokenizer_dir = self.tokenizer_dir or default_tokenizer_dir()
         object.__setattr__(self, "tokenizer_dir", Path(tokenizer_dir))
+
+    def _check_kv_events(self) -> None:
+        for name, enum_type in (("kv_events_format", EventFormat), ("kv_hash_form", HashForm)):
+            try:
+                object.__setattr__(self, name, enum_type(getattr(self, name)))
+            except ValueError:
+                choices = ", ".join(member.value for member in enum_type)
+                message = f"must be one of {choices}, got {getattr(self, name)!r}"
+                raise ConfigError(name, message) from None
+        for name in ("kv_events_endpoint", "kv_replay_endpoint"):
+            endpoint = getattr(self, name)
+            if endpoint is not None and not endpoint.startswith(_ENDPOINT_SCHEMES):
+                message = f"must be a tcp://, ipc:// or inproc:// endpoint, got {endpoint!r}"
+                raise ConfigError(name, message)
+        replay = self.kv_replay_endpoint
+        if replay == self.kv_events_endpoint and replay and not replay.endswith((":*", ":0")):
+            raise ConfigError("kv_replay_endpoint", "must differ from kv_events_endpoint")
+        if self.kv_hash_seed is not None and not 0 <= self.kv_hash_seed < 1 << 64:
+            message = f"must be an unsigned 64-bit int, got {self.kv_hash_seed}"
+            raise ConfigError("kv_hash_seed", message)
+        if self.kv_replay_buffer < 1:
+            raise ConfigError(
+                "kv_replay_buffer", f"must be at least 1, got {self.kv_replay_buffer}"
+            )
+        object.__setattr__(self, "kv_skip_seqs", parse_seq_list(self.kv_skip_seqs))
+
+    @property
+    def timing(self) -> Timing:
+        """Every delay in seconds, divided by the speedup."""
+        scale = 1000.0 * self.speedup
+        return Timing(
+            ttft_s=self.ttft_ms / scale,
+            itl_s=self.itl_ms / scale,
+            prefill_base_s=self.prefill_base_ms / scale,
+            prefill_per_token_s=self.prefill_ms_per_token / scale,
+            prefill_superlinear_tokens=float(self.prefill_superlinear_tokens),
+            batch_slowdown=self.batch_slowdown,
+        )
+
+    def sglang_kv_events_config(self) -> str | None:
+        """`server_args.kv_events_config` as SGLang shows it: its KVEventsConfig as JSON,
+        endpoints verbatim (a `*` is the bind wildcard; consumers put the engine host there);
+        None without a PUB endpoint."""
+        if self.kv_events_endpoint is None:
+            return None
+        return json.dumps(
+            {
+                "publisher": "zmq",
+                "endpoint": self.kv_events_endpoint,
+                "replay_endpoint": self.kv_replay_endpoint,
+                "buffer_steps": self.kv_replay_buffer,
+                "hwm": KV_EVENTS_HWM,
+                "max_queue_size": KV_EVENTS_HWM,
+                "topic": self.kv_events_topic,
+            }
+        )
 
     @property
     def tokenizer_path(self) -> Path:

@@ -11,6 +11,7 @@ import grpc
 
 from switchyard.mock_engine.config import MockEngineConfig
 from switchyard.mock_engine.generation import MockEngine
+from switchyard.mock_engine.kv_events import KvEventPublisher
 from switchyard.mock_engine.tokenizer_bundle import TokenizerBundle, bundle_slices
 from switchyard.mock_engine.tokenizer_facts import TokenizerFacts
 
@@ -20,6 +21,7 @@ class ServicerDeps:
     config: MockEngineConfig
     facts: TokenizerFacts
     engine: MockEngine
+    kv_events: KvEventPublisher
     bundle: TokenizerBundle
     model_config: dict[str, Any]  # config.json as served
     port: int  # the bound port (the config's may be 0)

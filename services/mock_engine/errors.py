@@ -2,8 +2,10 @@
 
 MockEngineError                 base of everything raised here
 ├── ConfigError (ValueError)    a bad flag or config value, raised at startup
-└── RequestRejected             a Generate request the engine refuses; the servicers
-                                answer it with INVALID_ARGUMENT and its `reason`
+├── RequestRejected             a Generate request the engine refuses; the servicers
+│                               answer it with INVALID_ARGUMENT and its `reason`
+└── KvHistoryTruncated          a KV event subscription asked to resume from a sequence the
+                                replay buffer no longer holds (OUT_OF_RANGE on gRPC)
 """
 
 from __future__ import annotations
@@ -28,3 +30,12 @@ class RequestRejected(MockEngineError):
         super().__init__(reason)
         self.request_id = request_id
         self.reason = reason
+
+
+class KvHistoryTruncated(MockEngineError):
+    """Resuming from `start` is impossible: the oldest buffered batch is `oldest`."""
+
+    def __init__(self, start: int, oldest: int) -> None:
+        super().__init__(f"KV event history starts at {oldest}, cannot resume from {start}")
+        self.start = start
+        self.oldest = oldest

@@ -1,9 +1,13 @@
 """The protocol-neutral core: validates requests and runs each one's generation loop.
 
-`MockEngine.generate` is an async generator of `Step`s, one token per step, paced by the
-configured time to first token and inter-token latency. Pauses wake early on `abort`, so an
-aborted request ends at once with a `FinishReason.ABORT` step; a consumer that stops
-iterating (its gRPC call was cancelled) ends the generation where it stands.
+`MockEngine.generate` is an async generator of `Step`s, one token per step. A request first
+matches its prompt against the prefix cache (`kv_cache`), waits its simulated prefill (by
+uncached tokens, see `timing`) plus --ttft-ms, stores its prompt's full blocks, then decodes
+one token per step, each step slower the more requests are running. Output blocks are stored
+as they fill (vLLM policy) or when the request ends (SGLang policy); cache events go to the
+event sink. Pauses wake early on `abort`, so an aborted request ends at once with a
+`FinishReason.ABORT` step; a consumer that stops iterating (its gRPC call was cancelled) ends
+the generation where it stands. Either way its blocks are unpinned.
 
 Limits: a prompt must be shorter than the context length; generation stops with "length"
 when prompt + output reaches the context length or max new tokens is reached (the length
@@ -20,14 +24,18 @@ import logging
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from switchyard.mock_engine.errors import RequestRejected
+from switchyard.mock_engine.kv_cache import Lease, PrefixCache
+from switchyard.mock_engine.timing import Timing
 from switchyard.mock_engine.tokens import TokenOracle, absorb, absorb_all, salt_for_seed
 from switchyard.mock_engine.types import (
+    EventSink,
     Finish,
     FinishReason,
     GenerationRequest,
+    KvEvent,
     LoadSnapshot,
     Step,
 )
@@ -53,11 +61,12 @@ def _new_match(stop_strings: tuple[str, ...], text: str, old_chars: int) -> str 
 class _Running:
     """A request in flight: its progress and an abortable pause."""
 
-    __slots__ = ("request_id", "prompt_tokens", "generated", "aborted", "_wake")
+    __slots__ = ("request_id", "prompt_tokens", "lease", "generated", "aborted", "_wake")
 
-    def __init__(self, request_id: str, prompt_tokens: int) -> None:
+    def __init__(self, request_id: str, prompt_tokens: int, lease: Lease) -> None:
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens
+        self.lease = lease
         self.generated = 0
         self.aborted = False
         self._wake: asyncio.Future[None] | None = None
@@ -112,10 +121,10 @@ class MockEngine:
         oracle: TokenOracle,
         vocab_size: int,
         context_length: int,
-        kv_pool_tokens: int,
-        ttft_s: float,
-        itl_s: float,
+        cache: PrefixCache,
+        timing: Timing,
         token_text: Callable[[int], str],
+        events: EventSink | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
@@ -123,9 +132,9 @@ class MockEngine:
         self.oracle = oracle
         self.vocab_size = vocab_size
         self.context_length = context_length
-        self.kv_pool_tokens = kv_pool_tokens
-        self.ttft_s = ttft_s
-        self.itl_s = itl_s
+        self.cache = cache
+        self.timing = timing
+        self._events = events
         self._token_text = token_text
         self._wall_clock = wall_clock
         self._rng = rng if rng is not None else random.Random()
@@ -142,18 +151,51 @@ class MockEngine:
     def active_requests(self) -> int:
         return len(self._active)
 
+    @property
+    def kv_pool_tokens(self) -> int:
+        return self.cache.capacity_tokens
+
     def new_request_id(self) -> str:
         return f"mock-{self._rng.getrandbits(64):016x}"
 
     def loads(self) -> LoadSnapshot:
-        used = sum(r.prompt_tokens + r.generated for r in self._active.values())
+        """Used = pinned cached blocks (shared ones once) + each request's tokens outside them."""
+        size = self.cache.block_size
+        loose = sum(
+            max(0, r.prompt_tokens + r.generated - r.lease.held * size)
+            for r in self._active.values()
+        )
         return LoadSnapshot(
             running_requests=len(self._active),
-            used_tokens=used,
+            used_tokens=self.cache.pinned_blocks * size + loose,
             capacity_tokens=self.kv_pool_tokens,
             gen_throughput=self._meter.rate(),
             last_receive_time=self._last_receive_time,
+            cached_tokens=self.cache.cached_blocks * size,
+            cache_hit_rate=self.cache.hit_rate,
         )
+
+    def first_token_delay_s(self, prompt_ids: Sequence[int]) -> float:
+        """What a request for `prompt_ids` would wait now before its first token."""
+        return self.timing.first_token_s(len(prompt_ids) - self.cache.match_tokens(prompt_ids))
+
+    def flush_cache(self) -> bool:
+        """Drop the whole prefix cache (AllBlocksCleared); False while requests are running."""
+        if self._active:
+            return False
+        events = self.cache.clear()
+        if events is None:  # pragma: no cover - nothing is pinned without running requests
+            return False
+        self._emit(events)
+        logger.info("prefix cache flushed")
+        return True
+
+    def _emit(self, events: list[KvEvent]) -> None:
+        if events and self._events is not None:
+            self._events.emit(events)
+
+    def _commit(self, lease: Lease, tokens: Sequence[int], computed: int) -> None:
+        self._emit(self.cache.commit(lease, tokens, computed))
 
     def abort(self, request_id: str) -> bool:
         """Abort a running request; False when no such request is running."""
@@ -206,32 +248,41 @@ class MockEngine:
         self.validate(request)
         rid = request.request_id
         sampling = request.sampling
-        running = _Running(rid, len(request.prompt_ids))
+        prompt = request.prompt_ids
+        lease = self.cache.begin(prompt)
+        cached = lease.cached_tokens
+        running = _Running(rid, len(prompt), lease)
         self._active[rid] = running
         self._last_receive_time = self._wall_clock()
         self.total_requests += 1
+        each_step = self.cache.policy.store_output_each_step
+        tokens = list(prompt)  # prompt + output: what the cache stores blocks of
+        prefilled = False
         try:
-            room = self.context_length - len(request.prompt_ids)
+            room = self.context_length - len(prompt)
             limit = room if sampling.max_new_tokens is None else min(room, sampling.max_new_tokens)
             if sampling.temperature > 0:
                 seed = sampling.seed if sampling.seed is not None else self._rng.getrandbits(64)
                 salt = salt_for_seed(seed)
             else:
                 salt = 0
-            state = absorb_all(request.prompt_ids)
+            state = absorb_all(prompt)
             stop_ids = sampling.stop_token_ids
             stop_strings = tuple(s for s in sampling.stop_strings if s)
             keep = max((len(s) for s in stop_strings), default=1) - 1
             tail = ""
             eos = self.oracle.eos_token_id
             produced = 0
-            await running.pause(self.ttft_s)
+            await running.pause(self.timing.first_token_s(len(prompt) - cached))
+            if not running.aborted:
+                prefilled = True
+                self._commit(lease, tokens, len(prompt))
             if limit == 0 and not running.aborted:
-                yield Step((), 0, Finish(FinishReason.LENGTH))
+                yield Step((), 0, Finish(FinishReason.LENGTH), cached)
                 return
             while True:
                 if running.aborted:
-                    yield Step((), produced, Finish(FinishReason.ABORT))
+                    yield Step((), produced, Finish(FinishReason.ABORT), cached)
                     return
                 may_stop = produced >= sampling.min_new_tokens
                 token = self.oracle.pick(
@@ -243,6 +294,9 @@ class MockEngine:
                 state = absorb(state, token)
                 produced += 1
                 running.generated = produced
+                tokens.append(token)
+                if each_step:  # the newest token's KV is computed by the next step
+                    self._commit(lease, tokens, len(tokens) - 1)
                 self._meter.add()
                 finish: Finish | None = None
                 if produced >= limit:
@@ -257,9 +311,12 @@ class MockEngine:
                     if matched is not None:
                         finish = Finish(FinishReason.STOP, matched_stop_str=matched)
                     tail = text[-keep:] if keep else ""
-                yield Step((token,), produced, finish)
+                yield Step((token,), produced, finish, cached)
                 if finish is not None:
                     return
-                await running.pause(self.itl_s)
+                await running.pause(self.timing.decode_step_s(len(self._active)))
         finally:
             del self._active[rid]
+            if prefilled and not each_step:  # SGLang caches a finished request's sequence
+                self._commit(lease, tokens, max(len(prompt), len(tokens) - 1))
+            self.cache.release(lease)

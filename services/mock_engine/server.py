@@ -1,4 +1,5 @@
-"""Builds and runs one mock engine: the grpc.aio server, its protocol servicer and health.
+"""Builds and runs one mock engine: the grpc.aio server, its protocol servicer and health, the
+prefix cache and its KV event publisher (ZMQ PUB and replay ROUTER when configured).
 
 In-process use (tests):
 
@@ -20,12 +21,17 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from smg_grpc_proto import sglang_scheduler_pb2_grpc, vllm_engine_pb2_grpc
 
 from switchyard.mock_engine import sglang_servicer, vllm_servicer
-from switchyard.mock_engine.config import EngineProtocol, MockEngineConfig
+from switchyard.mock_engine.config import KV_EVENTS_HWM, EngineProtocol, MockEngineConfig
 from switchyard.mock_engine.deps import ServicerDeps
 from switchyard.mock_engine.generation import MockEngine
+from switchyard.mock_engine.kv_cache import SGLANG_POLICY, VLLM_POLICY, EngineHasher, PrefixCache
+from switchyard.mock_engine.kv_events import KvEventPublisher
+from switchyard.mock_engine.kv_wire import WireEncoder
+from switchyard.mock_engine.kv_zmq import KvZmqTransport
 from switchyard.mock_engine.tokenizer_bundle import TokenizerBundle, served_model_config
 from switchyard.mock_engine.tokenizer_facts import load_tokenizer_facts
 from switchyard.mock_engine.tokens import TokenOracle
+from switchyard.mock_engine.types import AllBlocksCleared
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +50,8 @@ class MockEngineServer:
         self._server: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
         self.engine: MockEngine | None = None
+        self.kv_events: KvEventPublisher | None = None
+        self._zmq: KvZmqTransport | None = None
         self.port = 0
 
     @property
@@ -55,28 +63,71 @@ class MockEngineServer:
         """host:port to dial."""
         return f"{self.config.host}:{self.port}"
 
+    @property
+    def kv_events_endpoint(self) -> str | None:
+        """The PUB socket's bound endpoint (`tcp://127.0.0.1:*` resolved to its port)."""
+        return self._zmq.bound_endpoint if self._zmq is not None else None
+
+    @property
+    def kv_replay_endpoint(self) -> str | None:
+        return self._zmq.bound_replay_endpoint if self._zmq is not None else None
+
+    def _build_cache(self) -> PrefixCache:
+        config = self.config
+        seed = config.kv_hash_seed
+        if seed is None:
+            seed = (self._rng or random.Random()).getrandbits(64)
+        policy = VLLM_POLICY if config.protocol is EngineProtocol.VLLM else SGLANG_POLICY
+        return PrefixCache(
+            block_size=config.block_size,
+            num_blocks=config.num_blocks,
+            hasher=EngineHasher(seed),
+            policy=policy,
+        )
+
     async def start(self) -> int:
         """Load the tokenizer (off the loop), bind, serve; returns the bound port."""
         config = self.config
         facts = await asyncio.to_thread(load_tokenizer_facts, config.tokenizer_path)
+        publisher = KvEventPublisher(
+            encode=WireEncoder(config.kv_events_format, config.kv_hash_form),
+            buffer_steps=config.kv_replay_buffer,
+        )
         engine = MockEngine(
             oracle=TokenOracle(facts.ordinary_ids, facts.eos_token_id),
             vocab_size=facts.vocab_size,
             context_length=config.context_length,
-            kv_pool_tokens=config.kv_pool_tokens,
-            ttft_s=config.ttft_s,
-            itl_s=config.itl_s,
+            cache=self._build_cache(),
+            timing=config.timing,
             token_text=facts.text_of,
+            events=publisher,
             rng=self._rng,
         )
         server = grpc.aio.server()
         port = server.add_insecure_port(f"{config.host}:{config.port}")
         if port == 0:
             raise OSError(f"cannot bind {config.host}:{config.port}")
+        transport = KvZmqTransport(
+            publisher,
+            endpoint=config.kv_events_endpoint,
+            replay_endpoint=config.kv_replay_endpoint,
+            topic=config.kv_events_topic,
+            replay_topic_frame=config.kv_replay_topic_frame,
+            skip_seqs=config.kv_skip_seqs,
+            hwm=KV_EVENTS_HWM,
+        )
+        try:
+            transport.start()  # before serving: a bind failure leaves nothing running
+        except OSError:
+            await server.stop(None)
+            raise
+        if config.protocol is EngineProtocol.SGLANG:
+            publisher.publish_now([AllBlocksCleared()])  # SGLang's sequence 0 at start
         deps = ServicerDeps(
             config=config,
             facts=facts,
             engine=engine,
+            kv_events=publisher,
             bundle=TokenizerBundle(facts, config.context_length),
             model_config=served_model_config(facts, config.context_length),
             port=port,
@@ -92,10 +143,15 @@ class MockEngineServer:
             )
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        await server.start()
+        try:
+            await server.start()
+        except BaseException:
+            await transport.stop()
+            raise
         for name in ("", self.service_name):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._server, self._health, self.engine, self.port = server, health_servicer, engine, port
+        self.kv_events, self._zmq = publisher, transport
         logger.info(
             "mock engine ready protocol=%s port=%d host=%s model=%s role=%s",
             config.protocol.value,
@@ -113,7 +169,11 @@ class MockEngineServer:
             return
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
+        if self.kv_events is not None:
+            self.kv_events.close()  # ends SubscribeKvEvents streams, which never end by themselves
         await server.stop(grace_s)
+        if self._zmq is not None:
+            await self._zmq.stop()
         logger.info("mock engine stopped port=%d", self.port)
 
 

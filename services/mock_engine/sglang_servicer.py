@@ -6,7 +6,10 @@ delta, its counts are cumulative). Non-streaming: one `complete` with every outp
 stop token that ends a request is in the ids and named in matched_token_id. ignore_eos also
 disables stop_token_ids (SGLang checks both under it). An aborted request's stream ends with
 status INTERNAL "Request aborted", as the servicer ends a request the scheduler aborted.
-SamplingParams has no seed: temperature > 0 draws a per-request random salt.
+SamplingParams has no seed: temperature > 0 draws a per-request random salt. cached_tokens (chunks
+and complete) is the prompt prefix served from the cache. SubscribeKvEvents streams the cache's
+events (see kv_grpc); FlushCache clears the cache (AllBlocksCleared) unless requests are running.
+server_args.kv_events_config is the KVEventsConfig JSON when --kv-events-endpoint is set.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from smg_grpc_proto.generated import common_pb2
 from switchyard.mock_engine.config import DEFAULT_BOOTSTRAP_PORT, MAX_RUNNING_REQUESTS, Role
 from switchyard.mock_engine.deps import ServicerDeps, tokenizer_slices, unimplemented
 from switchyard.mock_engine.errors import RequestRejected
+from switchyard.mock_engine.kv_grpc import kv_event_stream
 from switchyard.mock_engine.types import (
     Finish,
     FinishReason,
@@ -64,7 +68,7 @@ def _complete(
         finish_reason=finish.reason.value,
         prompt_tokens=prompt_tokens,
         completion_tokens=step.completion_tokens,
-        cached_tokens=0,
+        cached_tokens=step.cached_tokens,
     )
     if finish.matched_token_id is not None:
         complete.matched_token_id = finish.matched_token_id
@@ -103,7 +107,7 @@ class SglangServicer(pb_grpc.SglangSchedulerServicer):
                                 token_ids=step.token_ids,
                                 prompt_tokens=prompt_tokens,
                                 completion_tokens=step.completion_tokens,
-                                cached_tokens=0,
+                                cached_tokens=step.cached_tokens,
                             ),
                         )
                         if step.finish is not None:
@@ -173,7 +177,7 @@ class SglangServicer(pb_grpc.SglangSchedulerServicer):
             "skip_tokenizer_init": False,
             "disaggregation_mode": mode,
             "disaggregation_bootstrap_port": DEFAULT_BOOTSTRAP_PORT,
-            "kv_events_config": None,
+            "kv_events_config": config.sglang_kv_events_config(),
             "dp_size": 1,
             "tp_size": 1,
             "enable_dp_attention": False,
@@ -225,7 +229,7 @@ class SglangServicer(pb_grpc.SglangSchedulerServicer):
             max_total_num_tokens=snap.capacity_tokens,
             token_usage=round(usage, 4),
             gen_throughput=round(snap.gen_throughput, 2),
-            cache_hit_rate=0.0,
+            cache_hit_rate=round(snap.cache_hit_rate, 4),
             utilization=round(usage, 4),
             max_running_requests=MAX_RUNNING_REQUESTS,
             num_waiting_uncached_tokens=0,
@@ -248,7 +252,11 @@ class SglangServicer(pb_grpc.SglangSchedulerServicer):
     async def FlushCache(
         self, request: common_pb2.FlushCacheRequest, context: grpc.aio.ServicerContext
     ) -> common_pb2.FlushCacheResponse:
-        return common_pb2.FlushCacheResponse(success=True, message="Cache flushed successfully")
+        if self.engine.flush_cache():
+            return common_pb2.FlushCacheResponse(success=True, message="Cache flushed successfully")
+        return common_pb2.FlushCacheResponse(
+            success=False, message="Cache not flushed: there are running requests"
+        )
 
     async def GetTokenizer(
         self, request: common_pb2.GetTokenizerRequest, context: grpc.aio.ServicerContext
@@ -259,5 +267,5 @@ class SglangServicer(pb_grpc.SglangSchedulerServicer):
     async def SubscribeKvEvents(
         self, request: common_pb2.SubscribeKvEventsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.KvEventBatch]:
-        await unimplemented(context, "SubscribeKvEvents (KV cache events)")
-        yield common_pb2.KvEventBatch()  # unreachable: abort raises; makes this a stream
+        async for batch in kv_event_stream(self.deps.kv_events, request, context):
+            yield batch

@@ -5,6 +5,10 @@ async with start_mock_engine(MockEngineConfig(protocol="vllm", port=0, speedup=1
 
 async with spawn_mock_engine("sglang", "--speedup", "100") as e:
     ...  # `python -m switchyard.mock_engine` on a free port, healthy; killed on exit
+
+async with kv_subscriber(e.kv_events_endpoint) as sub:   # a SUB socket, connected and settled
+    topic, seq, payload = await sub.recv_multipart()
+frames = await kv_replay(e.kv_replay_endpoint, start=3)  # every reply up to the end marker
 """
 
 from __future__ import annotations
@@ -20,11 +24,24 @@ import sys
 from collections.abc import AsyncIterator
 
 import grpc
+import zmq
+import zmq.asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from switchyard.mock_engine.server import start_mock_engine
 
-__all__ = ["SpawnedEngine", "free_port", "spawn_mock_engine", "start_mock_engine", "wait_healthy"]
+__all__ = [
+    "END_SEQ",
+    "SpawnedEngine",
+    "free_port",
+    "kv_replay",
+    "kv_subscriber",
+    "spawn_mock_engine",
+    "start_mock_engine",
+    "wait_healthy",
+]
+
+END_SEQ = b"\xff" * 8  # the replay end marker's sequence field
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -94,3 +111,51 @@ async def spawn_mock_engine(
             except subprocess.TimeoutExpired:
                 process.kill()
                 await asyncio.to_thread(process.wait)
+
+
+@contextlib.asynccontextmanager
+async def kv_subscriber(
+    endpoint: str, *, topic: bytes = b"", timeout_s: float = 5.0, settle_s: float = 0.1
+) -> AsyncIterator[zmq.asyncio.Socket]:
+    """A SUB socket connected to `endpoint`, past its handshake and given `settle_s` for the
+    subscription to reach the publisher (ZMQ has no acknowledgement for it); closed on exit."""
+    ctx = zmq.asyncio.Context()
+    sock = ctx.socket(zmq.SUB)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SUBSCRIBE, topic)
+    monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+    try:
+        sock.connect(endpoint.replace("*", "127.0.0.1"))
+        if not await monitor.poll(int(timeout_s * 1000)):
+            raise TimeoutError(f"no ZMQ handshake with {endpoint} in {timeout_s}s")
+        await monitor.recv_multipart()
+        await asyncio.sleep(settle_s)
+        yield sock
+    finally:
+        sock.disable_monitor()
+        monitor.close(linger=0)
+        sock.close(linger=0)
+        ctx.term()
+
+
+async def kv_replay(endpoint: str, start: int, *, timeout_s: float = 5.0) -> list[list[bytes]]:
+    """Ask a replay ROUTER for the batches from `start`: every reply as the DEALER reads it
+    (`[b"", seq, payload]` or `[b"", topic, seq, payload]`), the end marker last.
+    TimeoutError when a reply takes longer than `timeout_s`."""
+    ctx = zmq.asyncio.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    replies: list[list[bytes]] = []
+    try:
+        sock.connect(endpoint.replace("*", "127.0.0.1"))
+        await sock.send_multipart([b"", start.to_bytes(8, "big")])
+        while True:
+            if not await sock.poll(int(timeout_s * 1000)):
+                raise TimeoutError(f"no KV replay reply from {endpoint} in {timeout_s}s")
+            frames = await sock.recv_multipart()
+            replies.append(frames)
+            if len(frames) >= 3 and frames[-2] == END_SEQ:
+                return replies
+    finally:
+        sock.close(linger=0)
+        ctx.term()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Sequence
+from typing import Protocol
 
 
 class FinishReason(enum.StrEnum):
@@ -45,12 +47,56 @@ class Step:
     token_ids: tuple[int, ...]
     completion_tokens: int  # cumulative, this step included
     finish: Finish | None = None
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache (the same every step)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class LoadSnapshot:
     running_requests: int
-    used_tokens: int  # prompt + generated tokens of the running requests
+    used_tokens: int  # KV slots held by the running requests (shared cached blocks once)
     capacity_tokens: int  # the simulated KV pool
     gen_throughput: float  # generated tokens per second, recent
     last_receive_time: float  # wall-clock time of the last Generate received, 0 if none
+    cached_tokens: int = 0  # tokens in the prefix cache, pinned or evictable
+    cache_hit_rate: float = 0.0  # cached / total prompt tokens since start
+
+
+# KV cache events, protocol-neutral. Hashes are the engine's own unsigned 64-bit block ids.
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BlockStored:
+    """A chain of full blocks stored; `parent_block_hash` is None for a chain from block 0."""
+
+    block_hashes: tuple[int, ...]
+    parent_block_hash: int | None
+    token_ids: tuple[int, ...]  # every token of every block, in order
+    block_size: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BlockRemoved:
+    block_hashes: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AllBlocksCleared:
+    pass
+
+
+KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EventBatch:
+    """One scheduler step's events under the publisher's sequence number."""
+
+    seq: int
+    ts: float  # wall clock
+    events: tuple[KvEvent, ...]
+
+
+class EventSink(Protocol):
+    """Where the core sends the KV events of a cache operation (batched per step there)."""
+
+    def emit(self, events: Sequence[KvEvent]) -> None: ...

@@ -8,6 +8,9 @@ is in the ids; matched_token_id names a stop_token_ids match only (vLLM leaves i
 EOS). Abort: the stream ends with an empty chunk and a `complete` finish_reason "abort"
 (non-streaming: one `complete` "abort" with the ids so far). Text input is tokenized with the
 engine's tokenizer. temperature unset means 1.0 (vLLM's default); seed salts sampling.
+cached_tokens (every chunk and the complete) is the prompt prefix served from the cache.
+SubscribeKvEvents streams the cache's events (see kv_grpc); FlushCache clears the cache
+(AllBlocksCleared) unless requests are running.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from smg_grpc_proto.generated import common_pb2
 from switchyard.mock_engine.config import MAX_RUNNING_REQUESTS, Role
 from switchyard.mock_engine.deps import ServicerDeps, tokenizer_slices, unimplemented
 from switchyard.mock_engine.errors import RequestRejected
+from switchyard.mock_engine.kv_grpc import kv_event_stream
 from switchyard.mock_engine.types import (
     GenerationRequest,
     SamplingSpec,
@@ -65,7 +69,7 @@ def _complete(
         finish_reason=finish.reason.value if finish is not None else "stop",
         prompt_tokens=prompt_tokens,
         completion_tokens=len(output_ids),
-        cached_tokens=0,
+        cached_tokens=step.cached_tokens,
     )
     if finish is not None:
         if finish.matched_token_id is not None and not finish.matched_is_eos:
@@ -107,7 +111,7 @@ class VllmServicer(pb_grpc.VllmEngineServicer):
                                 token_ids=step.token_ids,
                                 prompt_tokens=prompt_tokens,
                                 completion_tokens=len(step.token_ids),
-                                cached_tokens=0,
+                                cached_tokens=step.cached_tokens,
                             )
                         )
                         if step.finish is not None:
@@ -195,7 +199,7 @@ class VllmServicer(pb_grpc.VllmEngineServicer):
             max_total_num_tokens=snap.capacity_tokens,
             token_usage=usage,
             gen_throughput=snap.gen_throughput,
-            cache_hit_rate=0.0,
+            cache_hit_rate=snap.cache_hit_rate,
             utilization=usage,
             max_running_requests=MAX_RUNNING_REQUESTS,
             num_waiting_uncached_tokens=0,
@@ -210,7 +214,11 @@ class VllmServicer(pb_grpc.VllmEngineServicer):
     async def FlushCache(
         self, request: common_pb2.FlushCacheRequest, context: grpc.aio.ServicerContext
     ) -> common_pb2.FlushCacheResponse:
-        return common_pb2.FlushCacheResponse(success=True, message="Cache flushed successfully")
+        if self.engine.flush_cache():
+            return common_pb2.FlushCacheResponse(success=True, message="Cache flushed successfully")
+        return common_pb2.FlushCacheResponse(
+            success=False, message="Cache not flushed: there are running requests"
+        )
 
     async def GetTokenizer(
         self, request: common_pb2.GetTokenizerRequest, context: grpc.aio.ServicerContext
@@ -221,5 +229,5 @@ class VllmServicer(pb_grpc.VllmEngineServicer):
     async def SubscribeKvEvents(
         self, request: common_pb2.SubscribeKvEventsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.KvEventBatch]:
-        await unimplemented(context, "SubscribeKvEvents (KV cache events)")
-        yield common_pb2.KvEventBatch()  # unreachable: abort raises; makes this a stream
+        async for batch in kv_event_stream(self.deps.kv_events, request, context):
+            yield batch

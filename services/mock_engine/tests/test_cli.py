@@ -7,13 +7,14 @@ import asyncio
 import signal
 
 import grpc
+import msgspec
 import pytest
 from smg_grpc_proto import vllm_engine_pb2 as pb
 from smg_grpc_proto import vllm_engine_pb2_grpc as pb_grpc
 
 from switchyard.mock_engine.cli import add_arguments, config_from_args, run
-from switchyard.mock_engine.config import EngineProtocol, Role
-from switchyard.mock_engine.testing import spawn_mock_engine
+from switchyard.mock_engine.config import EngineProtocol, EventFormat, HashForm, Role
+from switchyard.mock_engine.testing import free_port, kv_replay, spawn_mock_engine
 
 
 class TestArguments:
@@ -35,6 +36,40 @@ class TestArguments:
 
     def test_bad_value_exits_with_2(self) -> None:
         assert run(self.parse("--protocol", "sglang", "--port", "70000")) == 2
+        assert run(self.parse("--protocol", "sglang", "--port", "1", "--kv-skip-seq", "x")) == 2
+
+    def test_timing_and_kv_flags(self) -> None:
+        args = self.parse(
+            "--protocol", "sglang", "--port", "1", "--prefill-base-ms", "2",
+            "--prefill-ms-per-token", "0.1", "--prefill-superlinear-tokens", "1000",
+            "--batch-slowdown", "0.5", "--kv-events-endpoint", "tcp://*:5557",
+            "--kv-events-topic", "t", "--kv-events-format", "array", "--kv-hash-bytes",
+            "--kv-hash-seed", "9", "--kv-replay-endpoint", "tcp://*:5558",
+            "--kv-replay-topic-frame", "--kv-replay-buffer", "50", "--kv-skip-seq", "3,4",
+        )  # fmt: skip
+        config = config_from_args(args)
+        assert (config.prefill_base_ms, config.prefill_ms_per_token) == (2.0, 0.1)
+        assert (config.prefill_superlinear_tokens, config.batch_slowdown) == (1000, 0.5)
+        assert (config.kv_events_endpoint, config.kv_replay_endpoint) == (
+            "tcp://*:5557",
+            "tcp://*:5558",
+        )
+        assert config.kv_events_format is EventFormat.ARRAY
+        assert config.kv_hash_form is HashForm.BYTES and config.kv_hash_seed == 9
+        assert (config.kv_events_topic, config.kv_replay_topic_frame) == ("t", True)
+        assert (config.kv_replay_buffer, config.kv_skip_seqs) == (50, frozenset({3, 4}))
+
+    def test_kv_flag_defaults(self) -> None:
+        config = config_from_args(self.parse("--protocol", "vllm", "--port", "1"))
+        assert config.kv_hash_form is HashForm.UINT and config.kv_events_endpoint is None
+        signed = config_from_args(
+            self.parse("--protocol", "vllm", "--port", "1", "--kv-hash-signed")
+        )
+        assert signed.kv_hash_form is HashForm.INT
+
+    def test_hash_forms_are_exclusive(self) -> None:
+        with pytest.raises(SystemExit):
+            self.parse("--protocol", "vllm", "--port", "1", "--kv-hash-bytes", "--kv-hash-signed")
 
 
 class TestSubprocess:
@@ -54,6 +89,14 @@ class TestSubprocess:
             engine.process.send_signal(signal.SIGTERM)
             code = await asyncio.to_thread(engine.process.wait, 15)
             assert code == 0
+
+    async def test_sglang_process_publishes_kv_events(self) -> None:
+        pub, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+        args = ("--kv-events-endpoint", pub, "--kv-replay-endpoint", replay)
+        async with spawn_mock_engine("sglang", "--speedup", "100", *args):
+            replies = await kv_replay(replay, 0)
+        assert replies[0][1] == (0).to_bytes(8, "big")  # AllBlocksCleared, sequence 0
+        assert msgspec.msgpack.decode(replies[0][2])[1] == [{"type": "AllBlocksCleared"}]
 
     async def test_early_exit_is_reported(self) -> None:
         with pytest.raises(RuntimeError):

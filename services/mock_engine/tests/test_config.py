@@ -6,7 +6,14 @@ import math
 
 import pytest
 
-from switchyard.mock_engine.config import EngineProtocol, MockEngineConfig, Role
+from switchyard.mock_engine.config import (
+    EngineProtocol,
+    EventFormat,
+    HashForm,
+    MockEngineConfig,
+    Role,
+    parse_seq_list,
+)
 from switchyard.mock_engine.errors import ConfigError
 
 
@@ -41,6 +48,18 @@ class TestConfig:
             ("protocol", "trtllm"),
             ("role", "encoder"),
             ("log_level", "LOUD"),
+            ("prefill_base_ms", -1.0),
+            ("prefill_ms_per_token", math.inf),
+            ("prefill_superlinear_tokens", 0),
+            ("batch_slowdown", math.nan),
+            ("kv_events_endpoint", "localhost:5557"),
+            ("kv_replay_endpoint", "http://x"),
+            ("kv_events_format", "json"),
+            ("kv_hash_form", "hex"),
+            ("kv_hash_seed", -1),
+            ("kv_replay_buffer", 0),
+            ("kv_skip_seqs", "1,x"),
+            ("kv_skip_seqs", "-3"),
         ],
     )
     def test_bad_values_raise(self, field: str, value: object) -> None:
@@ -48,6 +67,30 @@ class TestConfig:
         with pytest.raises(ConfigError) as raised:
             MockEngineConfig(**kwargs)  # type: ignore[arg-type]
         assert raised.value.field == field
+
+    def test_kv_defaults(self) -> None:
+        config = MockEngineConfig(protocol="sglang", port=5000)
+        assert config.kv_events_endpoint is None and config.kv_replay_endpoint is None
+        assert config.kv_events_format is EventFormat.MAP and config.kv_hash_form is HashForm.UINT
+        assert config.kv_replay_buffer == 10000 and config.kv_skip_seqs == frozenset()
+        assert config.sglang_kv_events_config() is None
+        assert (config.prefill_base_ms, config.prefill_ms_per_token) == (5.0, 0.05)
+        assert (config.prefill_superlinear_tokens, config.batch_slowdown) == (8192, 0.02)
+
+    def test_skip_seqs_parse(self) -> None:
+        assert parse_seq_list("3, 4,,9") == frozenset({3, 4, 9})
+        assert parse_seq_list([1, 2]) == parse_seq_list("1,2") == frozenset({1, 2})
+        config = MockEngineConfig(protocol="vllm", port=1, kv_skip_seqs=frozenset({5}))
+        assert config.kv_skip_seqs == frozenset({5})
+
+    def test_same_endpoint_twice_is_refused(self) -> None:
+        with pytest.raises(ConfigError):
+            MockEngineConfig(
+                protocol="vllm",
+                port=1,
+                kv_events_endpoint="tcp://*:5557",
+                kv_replay_endpoint="tcp://*:5557",
+            )
 
     def test_frozen(self) -> None:
         config = MockEngineConfig(protocol="sglang", port=5000)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -13,9 +13,26 @@ import pytest
 from switchyard.mock_engine.config import default_tokenizer_dir
 from switchyard.mock_engine.errors import RequestRejected
 from switchyard.mock_engine.generation import MockEngine
+from switchyard.mock_engine.kv_cache import (
+    SGLANG_POLICY,
+    VLLM_POLICY,
+    CachePolicy,
+    EngineHasher,
+    PrefixCache,
+)
+from switchyard.mock_engine.timing import Timing
 from switchyard.mock_engine.tokenizer_facts import TokenizerFacts, load_tokenizer_facts
 from switchyard.mock_engine.tokens import TokenOracle
-from switchyard.mock_engine.types import Finish, FinishReason, GenerationRequest, SamplingSpec, Step
+from switchyard.mock_engine.types import (
+    AllBlocksCleared,
+    BlockStored,
+    Finish,
+    FinishReason,
+    GenerationRequest,
+    KvEvent,
+    SamplingSpec,
+    Step,
+)
 
 PROMPT = (100, 200, 300, 400)
 
@@ -25,17 +42,35 @@ def facts() -> TokenizerFacts:
     return load_tokenizer_facts(default_tokenizer_dir())
 
 
+class Recorder:
+    """An event sink that keeps every emitted event in order."""
+
+    def __init__(self) -> None:
+        self.events: list[KvEvent] = []
+
+    def emit(self, events: Sequence[KvEvent]) -> None:
+        self.events.extend(events)
+
+    def stored(self) -> list[BlockStored]:
+        return [e for e in self.events if isinstance(e, BlockStored)]
+
+
 def make_engine(
-    facts: TokenizerFacts, *, context_length: int = 256, itl_s: float = 0.0
+    facts: TokenizerFacts,
+    *,
+    context_length: int = 256,
+    itl_s: float = 0.0,
+    policy: CachePolicy = SGLANG_POLICY,
+    sink: Recorder | None = None,
 ) -> MockEngine:
     return MockEngine(
         oracle=TokenOracle(facts.ordinary_ids, facts.eos_token_id),
         vocab_size=facts.vocab_size,
         context_length=context_length,
-        kv_pool_tokens=1024,
-        ttft_s=0.0,
-        itl_s=itl_s,
+        cache=PrefixCache(block_size=16, num_blocks=64, hasher=EngineHasher(7), policy=policy),
+        timing=Timing(itl_s=itl_s),
         token_text=facts.text_of,
+        events=sink,
         rng=random.Random(7),
     )
 
@@ -191,3 +226,83 @@ class TestValidation:
             snap = engine.loads()
             assert snap.running_requests == 1 and snap.used_tokens == len(PROMPT) + 1
         assert engine.loads().running_requests == 0
+
+
+LONG = tuple(range(1000, 1040))  # 40 tokens: two full blocks of 16 and 8 more
+
+
+class TestKvCache:
+    async def test_cached_tokens_on_every_step(self, facts: TokenizerFacts) -> None:
+        engine = make_engine(facts)
+        first = await steps_of(engine, prompt=LONG, max_new_tokens=3, ignore_eos=True)
+        assert {s.cached_tokens for s in first} == {0}
+        again = await steps_of(engine, prompt=LONG + (7,), max_new_tokens=3, ignore_eos=True)
+        assert {s.cached_tokens for s in again} == {32}
+
+    async def test_vllm_stores_output_blocks_as_they_fill(self, facts: TokenizerFacts) -> None:
+        sink = Recorder()
+        engine = make_engine(facts, policy=VLLM_POLICY, sink=sink)
+        request = GenerationRequest("v", LONG, SamplingSpec(max_new_tokens=20, ignore_eos=True))
+        seen_at: list[int] = []
+        async with aclosing(engine.generate(request)) as steps:
+            async for _ in steps:
+                seen_at.append(len(sink.stored()))
+        assert seen_at[0] == 1  # the prompt's two blocks, stored after prefill
+        # block 2 (8 prompt + 8 output tokens) once the 8th output token is computed
+        assert seen_at.index(2) == 8
+        blocks = [h for e in sink.stored() for h in e.block_hashes]
+        assert len(blocks) == 3  # 40 + 20 tokens, the last one uncomputed: 59 // 16
+
+    async def test_sglang_stores_output_blocks_at_the_end(self, facts: TokenizerFacts) -> None:
+        sink = Recorder()
+        engine = make_engine(facts, policy=SGLANG_POLICY, sink=sink)
+        request = GenerationRequest("s", LONG, SamplingSpec(max_new_tokens=20, ignore_eos=True))
+        seen_at: list[int] = []
+        async with aclosing(engine.generate(request)) as steps:
+            async for _ in steps:
+                seen_at.append(len(sink.stored()))
+        assert set(seen_at) == {1}
+        assert len(sink.stored()) == 2 and len(sink.stored()[1].block_hashes) == 1
+
+    async def test_abort_during_prefill_stores_nothing(self, facts: TokenizerFacts) -> None:
+        sink = Recorder()
+        engine = make_engine(facts, sink=sink)
+        engine.timing = Timing(prefill_base_s=5.0)
+        request = GenerationRequest("a", LONG, SamplingSpec(ignore_eos=True))
+        async with aclosing(engine.generate(request)) as steps:
+            task = asyncio.ensure_future(anext(steps))
+            await asyncio.sleep(0.01)
+            assert engine.abort("a")
+            step = await task
+        assert step.finish is not None and step.finish.reason is FinishReason.ABORT
+        assert sink.events == [] and engine.cache.pinned_blocks == 0
+
+    async def test_cancel_unpins(self, facts: TokenizerFacts) -> None:
+        engine = make_engine(facts, itl_s=0.05)
+        request = GenerationRequest("c", LONG, SamplingSpec(ignore_eos=True))
+        async with aclosing(engine.generate(request)) as steps:
+            await anext(steps)
+            assert engine.cache.pinned_blocks == 2
+        assert engine.cache.pinned_blocks == 0 and engine.cache.cached_blocks >= 2
+
+    async def test_loads_count_shared_blocks_once(self, facts: TokenizerFacts) -> None:
+        engine = make_engine(facts, itl_s=0.05)
+        await steps_of(engine, prompt=LONG, max_new_tokens=1)
+        one = GenerationRequest("x", LONG, SamplingSpec(ignore_eos=True))
+        two = GenerationRequest("y", LONG, SamplingSpec(ignore_eos=True))
+        async with aclosing(engine.generate(one)) as a, aclosing(engine.generate(two)) as b:
+            await anext(a)
+            await anext(b)
+            snap = engine.loads()
+            assert snap.used_tokens == 32 + 2 * (8 + 1)  # two shared blocks, two private tails
+            assert snap.cached_tokens >= 32 and snap.cache_hit_rate > 0
+
+    async def test_flush_cache(self, facts: TokenizerFacts) -> None:
+        sink = Recorder()
+        engine = make_engine(facts, itl_s=0.05, sink=sink)
+        request = GenerationRequest("f", LONG, SamplingSpec(ignore_eos=True))
+        async with aclosing(engine.generate(request)) as steps:
+            await anext(steps)
+            assert not engine.flush_cache()
+        assert engine.flush_cache()
+        assert sink.events[-1] == AllBlocksCleared() and engine.cache.cached_blocks == 0

@@ -10,7 +10,6 @@ import pytest
 from google.protobuf import json_format
 from smg_grpc_proto import sglang_scheduler_pb2 as pb
 from smg_grpc_proto import sglang_scheduler_pb2_grpc as pb_grpc
-from smg_grpc_proto.generated import common_pb2
 
 from switchyard.mock_engine.config import MockEngineConfig
 from switchyard.mock_engine.server import MockEngineServer, start_mock_engine
@@ -214,8 +213,6 @@ class TestInfo:
         assert (load.num_running_reqs, load.num_waiting_reqs, load.num_total_reqs) == (0, 0, 0)
         assert load.max_total_num_tokens == sglang_engine.config.kv_pool_tokens
 
-    async def test_kv_events_unimplemented(self, sglang: Any) -> None:
-        with pytest.raises(grpc.aio.AioRpcError) as raised:
-            async for _ in sglang.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest()):
-                pass
-        assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    async def test_kv_events_config_absent_without_endpoint(self, sglang: Any) -> None:
+        info = await sglang.GetServerInfo(pb.GetServerInfoRequest())
+        assert json_format.MessageToDict(info.server_args)["kv_events_config"] is None
