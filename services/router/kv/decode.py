@@ -68,6 +68,9 @@ def decode_payload(payload: bytes) -> DecodedBatch:
         batch = _decoder.decode(payload)
     except msgspec.DecodeError as exc:
         raise KvDecodeError(f"undecodable KV-event payload: {exc}") from exc
+    if type(batch) is dict:
+        # A publisher whose batch struct is not array-like sends the envelope as a map.
+        batch = [batch.get("ts"), batch.get("events"), batch.get("data_parallel_rank")]
     if type(batch) is not list or len(batch) < 2 or type(batch[1]) is not list:
         raise KvDecodeError("KV-event payload is not [timestamp, [events...], dp_rank]")
     dp_rank = batch[2] if len(batch) > 2 and type(batch[2]) is int else None

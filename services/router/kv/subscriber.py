@@ -82,6 +82,10 @@ class ZmqKvSource:
         self._replay_timeout = replay_timeout
         self._yield_every = max(1, yield_every)
         self._last: int | None = None
+        # After the catch-up replay at start: live batches up to this sequence were already
+        # applied from the replay and are skipped (they are not a reset).
+        self._replayed_through: int | None = None
+        self._live_last: int | None = None
 
     @property
     def last_seq(self) -> int | None:
@@ -103,6 +107,7 @@ class ZmqKvSource:
                 self.endpoint,
                 self.replay_endpoint,
             )
+            await self._catch_up()
             while True:
                 await self.on_message(await sub.recv_multipart())
         finally:
@@ -116,6 +121,17 @@ class ZmqKvSource:
             self._counters.decode_errors += 1
             log.warning("kv events instance_id=%d: %s", self.instance_id, exc)
             return
+        through = self._replayed_through
+        if through is not None:
+            # Live batches the catch-up replay already applied arrive in increasing order; one
+            # that does not increase means the engine restarted meanwhile (handled below).
+            increasing = self._live_last is None or seq > self._live_last
+            self._live_last = seq
+            if increasing and seq < through:
+                return
+            self._replayed_through = None
+            if increasing and seq == through:
+                return
         last = self._last
         if last is None:
             if seq > 0:
@@ -139,6 +155,36 @@ class ZmqKvSource:
             if seq > 0:
                 await self._resync(0, seq)
         self._apply(seq, payload)
+
+    async def _catch_up(self) -> None:
+        """Joining a running engine: replay everything its buffer holds right away, so the
+        index is complete even if the engine stays idle (it publishes nothing until its next
+        request). The SUB is already connected, so nothing published after the replay's
+        snapshot is lost; a batch lost in between shows up as a gap and is replayed then."""
+        if self.replay_endpoint is None:
+            return
+        try:
+            batches = await self._fetch(self.replay_endpoint, 0, END_SEQ)
+        except ReplayError as exc:
+            log.info("kv catch-up replay instance_id=%d: %s", self.instance_id, exc)
+            return
+        if not batches:
+            return
+        self._counters.replays += 1
+        for count, (seq, payload) in enumerate(batches, start=1):
+            if self._last is not None and seq != self._last + 1:
+                continue  # keep the applied run contiguous; a later gap replays the rest
+            self._apply(seq, payload)
+            if count % self._yield_every == 0:
+                await asyncio.sleep(0)
+        self._counters.replayed_batches += len(batches)
+        self._replayed_through = self._last
+        log.info(
+            "kv catch-up instance_id=%d replayed %d batches through seq %s",
+            self.instance_id,
+            len(batches),
+            self._last,
+        )
 
     def _apply(self, seq: int, payload: bytes) -> None:
         self._last = seq

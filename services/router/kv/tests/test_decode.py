@@ -187,3 +187,14 @@ class TestBatch:
     def test_not_a_batch(self, body):
         with pytest.raises(KvDecodeError):
             decode_payload(body)
+
+
+class TestMapEnvelope:
+    def test_batch_sent_as_a_map(self):
+        """vLLM's KVEventBatch without array_like encodes the envelope as a map."""
+        raw = msgspec.msgpack.encode(
+            {"ts": 1.5, "events": [{"type": "AllBlocksCleared"}], "data_parallel_rank": 0}
+        )
+        batch = decode_payload(raw)
+        assert batch.records == [CLEARED]
+        assert batch.dp_rank == 0
