@@ -35,3 +35,5 @@ clean:
 
 bench: $(STAMP)
 	$(BIN)/python bench/baseline.py
+	$(BIN)/python bench/kv_routing.py
+	$(BIN)/python bench/kv_ingest.py

@@ -11,32 +11,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+from harness import free_port, pct, stack, stop, switchyard
 
 from switchyard.common.engines.connect import connect
+from switchyard.preprocessor.tokenizer import TokenizerBundle, default_tokenizer_dir
 from switchyard.protos.messages import GenerateFinished, GenerateRequest, SamplingParams
 
 PROMPT = "Route this short request through the yard, please."
 MAX_TOKENS = 8
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def floor(url: str, prompt_ids: list[int], n: int, warmup: int) -> list[float]:
@@ -81,62 +69,35 @@ async def through_stack(base: str, n: int, warmup: int) -> list[float]:
     return out
 
 
-def wait_ready(base: str, proc: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("stack exited early")
-        try:
-            if httpx.get(base + "/ready", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("stack not ready")
-
-
 def run(protocol: str, n: int, warmup: int) -> dict[str, float]:
-    engine_port, http_port = free_port(), free_port()
+    engine_port = free_port()
     url = f"grpc://127.0.0.1:{engine_port}"
-    base = f"http://127.0.0.1:{http_port}"
-    py = [sys.executable, "-m", "switchyard"]
-    quiet = ["--log-level", "WARNING"]
-    engine = subprocess.Popen(
-        py
-        + [
-            "mock-engine",
-            "--protocol",
-            protocol,
-            "--port",
-            str(engine_port),
-            "--ttft-ms",
-            "0",
-            "--itl-ms",
-            "0",
-            "--model-name",
-            "deepseek-mock",
-            *quiet,
-        ]
-    )
-    stack = subprocess.Popen(
-        py + ["up", "--worker", url, "--http-port", str(http_port), *quiet], start_new_session=True
+    # Zero engine delays: what is left is the cost of the path itself.
+    engine = switchyard(
+        "mock-engine",
+        "--protocol",
+        protocol,
+        "--port",
+        str(engine_port),
+        "--ttft-ms",
+        "0",
+        "--itl-ms",
+        "0",
+        "--prefill-base-ms",
+        "0",
+        "--prefill-ms-per-token",
+        "0",
+        "--log-level",
+        "WARNING",
     )
     try:
-        wait_ready(base, stack)
-        from switchyard.preprocessor.tokenizer import TokenizerBundle, default_tokenizer_dir
-
-        tok = TokenizerBundle.from_dir(default_tokenizer_dir())
-        prompt_ids = tok.encode(tok.chat_template.render([{"role": "user", "content": PROMPT}]))
-        direct = asyncio.run(floor(url, prompt_ids, n, warmup))
-        routed = asyncio.run(through_stack(base, n, warmup))
+        with stack("--worker", url) as base:
+            tok = TokenizerBundle.from_dir(default_tokenizer_dir())
+            chat = tok.chat_template.render([{"role": "user", "content": PROMPT}])
+            direct = asyncio.run(floor(url, tok.encode(chat), n, warmup))
+            routed = asyncio.run(through_stack(base, n, warmup))
     finally:
-        stack.send_signal(signal.SIGTERM)
-        engine.send_signal(signal.SIGTERM)
-        for proc in (stack, engine):
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop(engine)
     row = {
         "floor_p50_ms": statistics.median(direct) * 1e3,
         "floor_p99_ms": pct(direct, 0.99) * 1e3,

@@ -66,6 +66,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mock-itl-ms", type=float, default=5.0)
     parser.add_argument("--mock-speedup", type=float, default=1.0)
     parser.add_argument("--model-name", default="deepseek-mock")
+    parser.add_argument(
+        "--mock-arg",
+        action="append",
+        default=[],
+        help="extra flag passed to every mock engine (repeat; e.g. "
+        "--mock-arg=--prefill-ms-per-token=0.2)",
+    )
+    parser.add_argument(
+        "--router-metrics-port",
+        type=int,
+        default=None,
+        help="serve the router's Prometheus metrics on this port",
+    )
     parser.add_argument("--log-level", default="INFO")
 
 
@@ -77,28 +90,17 @@ def build_stack(args: argparse.Namespace) -> tuple[list[ChildSpec], list[str]]:
     workers = list(args.worker)
     for index, protocol in enumerate(args.mock_engines):
         port = free_port()
-        workers.append(f"grpc://127.0.0.1:{port}")
+        events = f"tcp://127.0.0.1:{free_port()}"
+        replay = f"tcp://127.0.0.1:{free_port()}"
+        # The operator's per-worker options tell fleet where each engine publishes KV events
+        # (vLLM engines do not advertise it; SGLang ones do, and this agrees).
+        workers.append(f"grpc://127.0.0.1:{port}?kv_events={events}&kv_replay={replay}")
+        engine = ["mock-engine", "--protocol", protocol, "--port", str(port)]
+        engine += ["--model-name", args.model_name, "--speedup", str(args.mock_speedup)]
+        engine += ["--ttft-ms", str(args.mock_ttft_ms), "--itl-ms", str(args.mock_itl_ms)]
+        engine += ["--kv-events-endpoint", events, "--kv-replay-endpoint", replay]
         specs.append(
-            ChildSpec(
-                f"mock-engine-{index}-{protocol}",
-                py
-                + [
-                    "mock-engine",
-                    "--protocol",
-                    protocol,
-                    "--port",
-                    str(port),
-                    "--model-name",
-                    args.model_name,
-                    "--ttft-ms",
-                    str(args.mock_ttft_ms),
-                    "--itl-ms",
-                    str(args.mock_itl_ms),
-                    "--speedup",
-                    str(args.mock_speedup),
-                    *log_level,
-                ],
-            )
+            ChildSpec(f"mock-engine-{index}-{protocol}", py + engine + args.mock_arg + log_level)
         )
     if not workers and not args.workers_file:
         raise SystemExit("switchyard up: give --mock-engines, --worker or --workers-file")
@@ -115,21 +117,18 @@ def build_stack(args: argparse.Namespace) -> tuple[list[ChildSpec], list[str]]:
     if args.workers_file:
         fleet_cmd += ["--workers-file", args.workers_file]
     specs.append(ChildSpec("fleet", fleet_cmd))
-    specs.append(
-        ChildSpec(
-            "router",
-            py
-            + [
-                "router",
-                "--bind",
-                router,
-                "--router-mode",
-                args.router_mode,
-                *fleet_flags,
-                *log_level,
-            ],
-        )
-    )
+    router_cmd = py + [
+        "router",
+        "--bind",
+        router,
+        "--router-mode",
+        args.router_mode,
+        *fleet_flags,
+        *log_level,
+    ]
+    if args.router_metrics_port is not None:
+        router_cmd += ["--metrics-port", str(args.router_metrics_port)]
+    specs.append(ChildSpec("router", router_cmd))
     for index, endpoint in enumerate(dispatchers):
         specs.append(
             ChildSpec(

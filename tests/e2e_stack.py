@@ -133,3 +133,59 @@ def _alive(pid: int) -> bool:
         if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
             return False
     return True
+
+
+class Processes:
+    """Switchyard services started one by one (for tests that kill and restart some of them).
+    Every process is stopped at exit, also on failure."""
+
+    def __init__(self) -> None:
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.logs: dict[str, Path] = {}
+
+    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        log = Path(tempfile.mkstemp(prefix=f"switchyard-{name}-", suffix=".log")[1])
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "switchyard", *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        self.procs[name], self.logs[name] = proc, log
+        return proc
+
+    def kill(self, name: str) -> None:
+        proc = self.procs.pop(name)
+        proc.kill()
+        proc.wait()
+
+    def log(self, name: str) -> str:
+        return self.logs[name].read_text(errors="replace")
+
+    def __enter__(self) -> Processes:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for name, proc in self.procs.items():
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise AssertionError(f"{name} did not stop on SIGTERM") from None
+
+
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.1, what: str = "condition"):
+    """Poll `predicate` until it returns a truthy value; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)

@@ -123,6 +123,9 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="switchyard fleet", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="switchyard fleet",
+        description="Probe the engine URL list and publish the routable instance set.",
+    )
     add_arguments(parser)
     return run(parser.parse_args(argv))

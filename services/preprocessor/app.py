@@ -12,6 +12,8 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
+import msgspec
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -19,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from switchyard.common import errors as kinds
 from switchyard.common.errors import EngineError
 from switchyard.preprocessor import sse
+from switchyard.preprocessor.catalog import ModelEntry
 from switchyard.preprocessor.errors import (
     INVALID_REQUEST,
     ModelNotFoundError,
@@ -37,7 +40,7 @@ from switchyard.preprocessor.openai_requests import (
 from switchyard.preprocessor.pipeline import GenerationInput, NoWorker
 from switchyard.preprocessor.state import PreprocessorState
 from switchyard.preprocessor.text_stream import Outcome, text_deltas
-from switchyard.protos.messages import SamplingParams
+from switchyard.protos.messages import RouteRequest, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -138,12 +141,17 @@ def create_app(state: PreprocessorState) -> FastAPI:
         except RequestError as exc:
             return _error(exc)
 
+    @app.post("/debug/route")
+    async def debug_route(request: Request) -> Response:
+        return await _debug_route(state, await request.body())
+
     return app
 
 
-async def _serve(
-    state: PreprocessorState, req: ChatCompletionRequest | CompletionRequest, prefix: str
-) -> Response:
+def _prompt(
+    state: PreprocessorState, req: ChatCompletionRequest | CompletionRequest
+) -> tuple[ModelEntry, list[int], str]:
+    """The model entry, the prompt's token ids and the request field they came from."""
     entry = state.catalog.get(req.model)
     if entry is None:
         if not state.catalog:
@@ -169,6 +177,56 @@ async def _serve(
             )
     if not prompt_ids:
         raise RequestError(400, "The prompt is empty.", INVALID_REQUEST, "invalid_value", param)
+    return entry, prompt_ids, param
+
+
+async def _debug_route(state: PreprocessorState, body: bytes) -> Response:
+    """Where would this request go, and why? Decided by the router, sent to no engine."""
+    req: ChatCompletionRequest | CompletionRequest
+    try:
+        is_chat = b'"messages"' in body
+        req = parse_chat_completion(body) if is_chat else parse_completion(body)
+    except RequestError as exc:
+        return _error(exc)
+    try:
+        _entry, prompt_ids, _param = _prompt(state, req)
+        request_id = f"route-{uuid.uuid4().hex}"
+        reply = await state.router.route(
+            RouteRequest(
+                request_id=request_id, model=req.model, token_ids=prompt_ids, dry_run=True
+            ),
+            state.config.route_timeout,
+        )
+    except RequestError as exc:
+        return _error(exc)
+    except TimeoutError:
+        return _error(
+            ServiceUnavailableError("The router did not answer in time.", "router_timeout")
+        )
+    if reply.instance_id is None:
+        return _error(
+            _request_error(NoWorker(reply.error, f"no engine for {req.model!r}", req.model))
+        )
+    workers = sorted(reply.workers, key=lambda w: (w.cost, w.instance_id))
+    chosen = next(w for w in workers if w.instance_id == reply.instance_id)
+    return _json(
+        orjson.dumps(
+            {
+                "policy": reply.policy,
+                "prompt_tokens": len(prompt_ids),
+                "prompt_blocks": reply.prompt_blocks,
+                "chosen": {"instance_id": chosen.instance_id, "url": chosen.url},
+                "workers": [msgspec.structs.asdict(w) for w in workers],
+            }
+        )
+    )
+
+
+async def _serve(
+    state: PreprocessorState, req: ChatCompletionRequest | CompletionRequest, prefix: str
+) -> Response:
+    entry, prompt_ids, param = _prompt(state, req)
+    tokenizer = state.require_tokenizer()
     max_tokens = check_context(
         len(prompt_ids), req.sampling.max_tokens, entry.context_length, param
     )

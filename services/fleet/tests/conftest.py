@@ -40,6 +40,7 @@ class MockEngine:
         self.protocol, self.port, self.args = protocol, port, args
         self.url = f"grpc://127.0.0.1:{port}"
         self.process: asyncio.subprocess.Process | None = None
+        self.spawned: list[asyncio.subprocess.Process] = []  # every process, restarts too
 
     async def start(self) -> None:
         self.process = await asyncio.create_subprocess_exec(
@@ -98,6 +99,7 @@ async def make_engine():
     yield make
     for engine in started:
         await engine.stop()
+    assert all(p.returncode is not None for e in started for p in e.spawned), "engine left running"
 
 
 @pytest.fixture(name="until")
