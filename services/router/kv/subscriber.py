@@ -86,6 +86,7 @@ class ZmqKvSource:
         # applied from the replay and are skipped (they are not a reset).
         self._replayed_through: int | None = None
         self._live_last: int | None = None
+        self.caught_up = asyncio.Event()  # set once the catch-up replay at start is over
 
     @property
     def last_seq(self) -> int | None:
@@ -157,6 +158,12 @@ class ZmqKvSource:
         self._apply(seq, payload)
 
     async def _catch_up(self) -> None:
+        try:
+            await self._replay_buffer()
+        finally:
+            self.caught_up.set()
+
+    async def _replay_buffer(self) -> None:
         """Joining a running engine: replay everything its buffer holds right away, so the
         index is complete even if the engine stays idle (it publishes nothing until its next
         request). The SUB is already connected, so nothing published after the replay's

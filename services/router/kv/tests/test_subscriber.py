@@ -50,6 +50,7 @@ async def follow(zctx):
         task = asyncio.create_task(source.run())
         tasks.append(task)
         await publisher.wait_subscribed()
+        await asyncio.wait_for(source.caught_up.wait(), replay_timeout + 5)
         return Harness(index, source, task)
 
     yield start
