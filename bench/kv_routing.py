@@ -134,7 +134,8 @@ def main() -> int:
     ]
     for mode, r in rows.items():
         lines.append(
-            f"| {mode} | {r['hit']:.1%} | {r['cold']}/{r['n']} | {r['mean']:.1f} | {r['p90']:.1f} | "
+            f"| {mode} | {r['hit']:.1%} | {r['cold']}/{r['n']} | "
+            f"{r['mean']:.1f} | {r['p90']:.1f} | "
             f"{r['mean'] / base_row['mean']:.2f} | {r['p90'] / base_row['p90']:.2f} |"
         )
     table = "\n".join(lines)
