@@ -23,6 +23,7 @@ from switchyard.protos.messages import (
 )
 from switchyard.router.kv.index import KvIndex
 from switchyard.router.load import InFlightTracker
+from switchyard.router.predicted import PredictedPrefixes
 from switchyard.router.types import Decision, Policy, RouteContext, WorkerView
 
 log = logging.getLogger(__name__)
@@ -41,17 +42,23 @@ class Routed:
 
 class RouterCore:
     def __init__(
-        self, policy: Policy, tracker: InFlightTracker | None = None, index: KvIndex | None = None
+        self,
+        policy: Policy,
+        tracker: InFlightTracker | None = None,
+        index: KvIndex | None = None,
+        predicted: PredictedPrefixes | None = None,
     ) -> None:
         self.policy = policy
         self.tracker = tracker or InFlightTracker()
         self.index = index or KvIndex()
+        self.predicted = predicted or PredictedPrefixes()
         self._instances: Mapping[int, Instance] = {}
 
     def set_instances(self, instances: Mapping[int, Instance]) -> None:
         """Swap in a new instance snapshot; forget the load of instances that left."""
         for gone in set(self._instances) - set(instances):
             self.tracker.drop_instance(gone)
+            self.predicted.drop_instance(gone)
         self._instances = instances
 
     def route(self, request: RouteRequest, now: float) -> Routed:
@@ -69,11 +76,13 @@ class RouterCore:
             return Routed(
                 RouteResponse(request_id=request.request_id, instance_id=None, error=error), None
             )
-        candidates, prompt_blocks = self._candidates(instances, request.token_ids)
+        candidates, prompt_blocks, hashes = self._candidates(instances, request.token_ids, now)
         ctx = RouteContext(request.request_id, request.model, request.token_ids, prompt_blocks)
         decision = self.policy.pick(candidates, ctx)
         chosen = decision.chosen
         if not request.dry_run:
+            chosen_size = self._instances[chosen.instance_id].block_size
+            self.predicted.add(chosen.instance_id, hashes.get(chosen_size, ()), now)
             self.tracker.add(
                 request.request_id,
                 chosen.instance_id,
@@ -116,22 +125,30 @@ class RouterCore:
         return Routed(response, decision)
 
     def _candidates(
-        self, instances: list[Instance], token_ids: list[int]
-    ) -> tuple[list[WorkerView], int]:
+        self, instances: list[Instance], token_ids: list[int], now: float
+    ) -> tuple[list[WorkerView], int, dict[int, list[int]]]:
+        """Worker views, the prompt's block count, and its block hashes per block size."""
         tracker = self.tracker
         overlaps: dict[int, int] = {}
         prompt_blocks = 0
+        hashes: dict[int, list[int]] = {}
         if self.policy.needs_overlap:
             # Hash once per block size (normally all workers of a model share one).
-            by_size: dict[int, tuple[int, dict[int, int]]] = {}
+            ids = [i.instance_id for i in instances]
+            found: dict[int, tuple[dict[int, int], dict[int, int]]] = {}
             for inst in instances:
-                if inst.block_size not in by_size:
-                    hashes = block_hashes(token_ids, inst.block_size)
-                    by_size[inst.block_size] = (len(hashes), self.index.overlaps(hashes))
+                size = inst.block_size
+                if size not in hashes:
+                    hashes[size] = block_hashes(token_ids, size)
+                    found[size] = (
+                        self.index.overlaps(hashes[size]),
+                        self.predicted.overlaps(hashes[size], ids, now),
+                    )
             for inst in instances:
-                count, found = by_size[inst.block_size]
-                prompt_blocks = max(prompt_blocks, count)
-                overlaps[inst.instance_id] = found.get(inst.instance_id, 0)
+                known, expected = found[inst.block_size]
+                iid = inst.instance_id
+                prompt_blocks = max(prompt_blocks, len(hashes[inst.block_size]))
+                overlaps[iid] = max(known.get(iid, 0), expected.get(iid, 0))
         views = [
             WorkerView(
                 instance_id=i.instance_id,
@@ -146,7 +163,7 @@ class RouterCore:
             )
             for i in instances
         ]
-        return views, prompt_blocks
+        return views, prompt_blocks, hashes
 
     def progress(self, notice: RouteProgress) -> None:
         if notice.stage == STAGE_FIRST_TOKEN:
