@@ -37,3 +37,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/baseline.py
 	$(BIN)/python bench/kv_routing.py
 	$(BIN)/python bench/kv_ingest.py
+	$(BIN)/python bench/route_decision.py

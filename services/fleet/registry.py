@@ -55,7 +55,8 @@ def build_instance(spec: WorkerSpec, info: EngineInfo, any_listed_prefill: bool)
         bootstrap_port=info.bootstrap_port,
         kv_events_endpoint=spec.kv_events
         or connectable_endpoint(info.kv_events_endpoint, spec.url),
-        kv_replay_endpoint=spec.kv_replay,
+        kv_replay_endpoint=spec.kv_replay
+        or connectable_endpoint(info.kv_replay_endpoint, spec.url),
         max_running_requests=info.max_running_requests,
     )
 

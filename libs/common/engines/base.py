@@ -40,6 +40,7 @@ class EngineInfo:
     role: str | None = None
     bootstrap_port: int | None = None
     kv_events_endpoint: str | None = None
+    kv_replay_endpoint: str | None = None
     max_running_requests: int = 0
     tokenizer_path: str = ""
 

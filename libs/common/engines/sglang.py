@@ -31,8 +31,9 @@ from switchyard.protos.messages import (
 _ROLES = {"prefill": ROLE_PREFILL, "decode": ROLE_DECODE}
 
 
-def _kv_events_endpoint(config: Any) -> str | None:
-    """server_args.kv_events_config is a JSON string (or a dict) with an `endpoint`."""
+def _kv_events_endpoint(config: Any, key: str = "endpoint") -> str | None:
+    """server_args.kv_events_config is a JSON string (or a dict) with an `endpoint` (and, on
+    newer SGLang, a `replay_endpoint`)."""
     if isinstance(config, str) and config.strip():
         import orjson
 
@@ -41,7 +42,7 @@ def _kv_events_endpoint(config: Any) -> str | None:
         except orjson.JSONDecodeError:
             return None
     if isinstance(config, dict):
-        endpoint = config.get("endpoint")
+        endpoint = config.get(key)
         return str(endpoint) if endpoint else None
     return None
 
@@ -81,6 +82,7 @@ class SglangClient(EngineClient):
             role=role,
             bootstrap_port=int(bootstrap) if role == ROLE_PREFILL and bootstrap else None,
             kv_events_endpoint=_kv_events_endpoint(args.get("kv_events_config")),
+            kv_replay_endpoint=_kv_events_endpoint(args.get("kv_events_config"), "replay_endpoint"),
             max_running_requests=int(args.get("max_running_requests") or 0),
             tokenizer_path=model.tokenizer_path,
         )
@@ -133,9 +135,7 @@ class SglangClient(EngineClient):
                         yield TokenDelta(request_id, list(ids))
                 elif reply.HasField("complete"):
                     done = reply.complete
-                    matched = (
-                        done.matched_token_id if done.HasField("matched_token_id") else None
-                    )
+                    matched = done.matched_token_id if done.HasField("matched_token_id") else None
                     yield GenerateFinished(
                         request_id=request_id,
                         finish_reason=done.finish_reason or "stop",

@@ -116,9 +116,7 @@ class VllmClient(EngineClient):
                         yield TokenDelta(request_id, list(ids))
                 elif reply.HasField("complete"):
                     done = reply.complete
-                    matched = (
-                        done.matched_token_id if done.HasField("matched_token_id") else None
-                    )
+                    matched = done.matched_token_id if done.HasField("matched_token_id") else None
                     yield GenerateFinished(
                         request_id=request_id,
                         finish_reason=done.finish_reason or "stop",

@@ -42,6 +42,11 @@ class TestBuildInstance:
         instance = build_instance(A, info(kv_events_endpoint="tcp://*:5557"), False)
         assert instance.kv_events_endpoint == "tcp://10.0.0.1:5557"
 
+    def test_engine_advertised_replay_endpoint(self):
+        engine = info(kv_events_endpoint="tcp://*:5557", kv_replay_endpoint="tcp://*:5558")
+        instance = build_instance(A, engine, False)
+        assert instance.kv_replay_endpoint == "tcp://10.0.0.1:5558"
+
     def test_connectable_endpoint(self):
         assert connectable_endpoint("tcp://0.0.0.0:7", "grpc://h:1") == "tcp://h:7"
         assert connectable_endpoint("tcp://[::]:7", "grpc://[::1]:1") == "tcp://[::1]:7"
