@@ -53,10 +53,10 @@ def kind_of_exception(exc: BaseException) -> str:
     """Remap anything raised while talking to an engine to a kind."""
     if isinstance(exc, grpc.aio.AioRpcError):
         return kind_of_status(exc.code())
+    if isinstance(exc, TimeoutError):  # before OSError: TimeoutError is one
+        return TIMEOUT
     if isinstance(exc, (ConnectionError, OSError)):
         return CANNOT_CONNECT
-    if isinstance(exc, TimeoutError):
-        return TIMEOUT
     return ENGINE_ERROR
 
 

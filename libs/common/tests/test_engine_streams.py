@@ -1,0 +1,103 @@
+"""The engine adapters against minimal in-process servers that misbehave on purpose."""
+
+import contextlib
+
+import grpc
+import pytest
+from smg_grpc_proto.generated import sglang_scheduler_pb2 as spb
+from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgrpc
+from smg_grpc_proto.generated import vllm_engine_pb2 as vpb
+from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vgrpc
+
+from switchyard.common import errors
+from switchyard.common.engines.connect import client_for
+from switchyard.common.errors import EngineError
+from switchyard.protos.messages import GenerateRequest, SamplingParams, TokenDelta
+
+REQ = GenerateRequest(
+    request_id="r", instance_id=1, token_ids=[1, 2, 3], sampling=SamplingParams(max_tokens=8)
+)
+
+
+class CutSglang(sgrpc.SglangSchedulerServicer):
+    def __init__(self, code=None):
+        self.code = code
+
+    async def Generate(self, request, context):
+        yield spb.GenerateResponse(
+            request_id=request.request_id, chunk=spb.GenerateStreamChunk(token_ids=[5])
+        )
+        if self.code is not None:
+            await context.abort(self.code, "injected")
+        # otherwise: the stream just ends, no `complete`
+
+
+class CutVllm(vgrpc.VllmEngineServicer):
+    async def Generate(self, request, context):
+        yield vpb.GenerateResponse(chunk=vpb.GenerateStreamChunk(token_ids=[5]))
+
+
+@contextlib.asynccontextmanager
+async def serve(servicer, add):
+    server = grpc.aio.server()
+    add(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"grpc://127.0.0.1:{port}"
+    finally:
+        await server.stop(None)
+
+
+async def run(protocol, url):
+    client = client_for(protocol, url, 1)
+    got = []
+    try:
+        with pytest.raises(EngineError) as info:
+            async for event in client.generate(REQ):
+                got.append(event)
+    finally:
+        await client.close()
+    return got, info.value
+
+
+class TestStreamWithoutFinalMessage:
+    async def test_sglang(self):
+        async with serve(CutSglang(), sgrpc.add_SglangSchedulerServicer_to_server) as url:
+            got, exc = await run("sglang", url)
+        assert got == [TokenDelta("r", [5])]
+        assert exc.kind == errors.DISCONNECTED
+
+    async def test_vllm(self):
+        async with serve(CutVllm(), vgrpc.add_VllmEngineServicer_to_server) as url:
+            got, exc = await run("vllm", url)
+        assert got == [TokenDelta("r", [5])]
+        assert exc.kind == errors.DISCONNECTED
+
+
+class TestStatusMidStream:
+    @pytest.mark.parametrize(
+        "code,kind",
+        [
+            (grpc.StatusCode.UNAVAILABLE, errors.CANNOT_CONNECT),
+            (grpc.StatusCode.RESOURCE_EXHAUSTED, errors.OVERLOADED),
+            (grpc.StatusCode.INVALID_ARGUMENT, errors.BAD_REQUEST),
+            (grpc.StatusCode.INTERNAL, errors.ENGINE_ERROR),
+        ],
+    )
+    async def test_sglang(self, code, kind):
+        async with serve(CutSglang(code), sgrpc.add_SglangSchedulerServicer_to_server) as url:
+            got, exc = await run("sglang", url)
+        assert got == [TokenDelta("r", [5])]
+        assert (exc.kind, exc.instance_id) == (kind, 1)
+
+
+class TestConnectionNeverOpens:
+    async def test_refused(self):
+        import socket
+
+        with socket.socket() as hole:  # bound, never listening: connections are refused
+            hole.bind(("127.0.0.1", 0))
+            got, exc = await run("vllm", f"grpc://127.0.0.1:{hole.getsockname()[1]}")
+        assert got == []
+        assert exc.kind == errors.CANNOT_CONNECT

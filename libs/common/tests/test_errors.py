@@ -1,0 +1,78 @@
+import grpc
+import pytest
+
+from switchyard.common import errors
+from switchyard.common.errors import EngineError, kind_of_exception, kind_of_status
+
+EXPECTED = {
+    grpc.StatusCode.OK: errors.ENGINE_ERROR,  # never raised; not a fault kind of its own
+    grpc.StatusCode.CANCELLED: errors.CANCELLED,
+    grpc.StatusCode.UNKNOWN: errors.ENGINE_ERROR,
+    grpc.StatusCode.INVALID_ARGUMENT: errors.BAD_REQUEST,
+    grpc.StatusCode.DEADLINE_EXCEEDED: errors.TIMEOUT,
+    grpc.StatusCode.NOT_FOUND: errors.BAD_REQUEST,
+    grpc.StatusCode.ALREADY_EXISTS: errors.BAD_REQUEST,
+    grpc.StatusCode.PERMISSION_DENIED: errors.ENGINE_ERROR,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: errors.OVERLOADED,
+    grpc.StatusCode.FAILED_PRECONDITION: errors.BAD_REQUEST,
+    grpc.StatusCode.ABORTED: errors.DISCONNECTED,
+    grpc.StatusCode.OUT_OF_RANGE: errors.BAD_REQUEST,
+    grpc.StatusCode.UNIMPLEMENTED: errors.BAD_REQUEST,
+    grpc.StatusCode.INTERNAL: errors.ENGINE_ERROR,
+    grpc.StatusCode.UNAVAILABLE: errors.CANNOT_CONNECT,
+    grpc.StatusCode.DATA_LOSS: errors.ENGINE_ERROR,
+    grpc.StatusCode.UNAUTHENTICATED: errors.ENGINE_ERROR,
+}
+
+
+def rpc_error(code: grpc.StatusCode, details: str = "boom") -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
+class TestRemapTable:
+    def test_every_status_code_has_a_kind(self):
+        assert set(EXPECTED) == set(grpc.StatusCode)
+
+    @pytest.mark.parametrize("code", list(grpc.StatusCode), ids=lambda c: c.name)
+    def test_status_code(self, code):
+        assert kind_of_status(code) == EXPECTED[code]
+        assert kind_of_exception(rpc_error(code)) == EXPECTED[code]
+
+    @pytest.mark.parametrize(
+        "exc,kind",
+        [
+            (ConnectionRefusedError(), errors.CANNOT_CONNECT),
+            (ConnectionResetError(), errors.CANNOT_CONNECT),
+            (TimeoutError(), errors.TIMEOUT),
+            (RuntimeError("?"), errors.ENGINE_ERROR),
+        ],
+    )
+    def test_transport_exceptions(self, exc, kind):
+        assert kind_of_exception(exc) == kind
+
+
+class TestWhatKindsMean:
+    def test_instance_down_kinds_migrate(self):
+        assert errors.INSTANCE_DOWN <= errors.MIGRATABLE
+
+    def test_client_faults_never_migrate(self):
+        for kind in (errors.BAD_REQUEST, errors.CANCELLED, errors.ENGINE_ERROR):
+            assert kind not in errors.MIGRATABLE
+
+    def test_a_stream_without_its_final_message_migrates_without_marking_down(self):
+        assert errors.DISCONNECTED in errors.MIGRATABLE
+        assert errors.DISCONNECTED not in errors.INSTANCE_DOWN
+
+    def test_overload_migrates_without_marking_down(self):
+        assert errors.OVERLOADED in errors.MIGRATABLE
+        assert errors.OVERLOADED not in errors.INSTANCE_DOWN
+
+
+class TestEngineError:
+    def test_from_rpc_error_keeps_code_and_details(self):
+        exc = EngineError.from_exception(rpc_error(grpc.StatusCode.UNAVAILABLE, "refused"), 7)
+        assert (exc.kind, exc.instance_id, exc.message) == (
+            errors.CANNOT_CONNECT,
+            7,
+            "UNAVAILABLE: refused",
+        )
