@@ -139,7 +139,14 @@ class RouteProgress(msgspec.Struct, frozen=True, tag="progress"):
     stage: str
 
 
-RouterRequest = RouteRequest | RouteProgress
+class InstanceBusy(msgspec.Struct, frozen=True, tag="busy"):
+    """An engine answered RESOURCE_EXHAUSTED: avoid it for `seconds` unless all are busy."""
+
+    instance_id: int
+    seconds: float
+
+
+RouterRequest = RouteRequest | RouteProgress | InstanceBusy
 
 # ---- dispatcher --------------------------------------------------------------------------
 
@@ -196,6 +203,9 @@ class GenerateFailed(msgspec.Struct, frozen=True, kw_only=True, array_like=True,
     instance_id: int
     kind: str
     message: str
+    # False when the path to the engine failed (a dispatcher died), not the engine: the
+    # request migrates without excluding the instance.
+    engine_fault: bool = True
 
 
 DispatcherRequest = GenerateRequest | CancelRequest

@@ -1,7 +1,8 @@
 """`switchyard up`: the whole local stack as child processes of one command.
 
-Mock engines (when asked), fleet, router, dispatcher(s) and the preprocessor, wired over free
-loopback ports. Ctrl-C, SIGTERM, or any child exiting stops every child.
+Mock engines (when asked), fleet, router(s), dispatcher(s) and the preprocessor, wired over
+free loopback ports. A child that crashes is restarted (see supervisor); Ctrl-C or SIGTERM
+stops every child.
 """
 
 from __future__ import annotations
@@ -57,6 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--http-port", type=int, default=endpoints.HTTP_PORT)
     parser.add_argument("--router-mode", default="kv")
     parser.add_argument("--dispatchers", type=int, default=1, help="dispatcher replicas")
+    parser.add_argument("--routers", type=int, default=1, help="router replicas")
+    parser.add_argument(
+        "--no-restart",
+        action="store_true",
+        help="stop the whole stack when any child exits (default: restart it)",
+    )
     parser.add_argument(
         "--tokenizer",
         default=None,
@@ -106,7 +113,7 @@ def build_stack(args: argparse.Namespace) -> tuple[list[ChildSpec], list[str]]:
         raise SystemExit("switchyard up: give --mock-engines, --worker or --workers-file")
     fleet_control = f"tcp://127.0.0.1:{free_port()}"
     fleet_events = f"tcp://127.0.0.1:{free_port()}"
-    router = f"tcp://127.0.0.1:{free_port()}"
+    routers = [f"tcp://127.0.0.1:{free_port()}" for _ in range(args.routers)]
     dispatchers = [f"tcp://127.0.0.1:{free_port()}" for _ in range(args.dispatchers)]
     fleet_flags = ["--fleet-control", fleet_control, "--fleet-events", fleet_events]
     fleet_cmd = py + ["fleet", "--control", fleet_control, "--events", fleet_events, *log_level]
@@ -117,36 +124,19 @@ def build_stack(args: argparse.Namespace) -> tuple[list[ChildSpec], list[str]]:
     if args.workers_file:
         fleet_cmd += ["--workers-file", args.workers_file]
     specs.append(ChildSpec("fleet", fleet_cmd))
-    router_cmd = py + [
-        "router",
-        "--bind",
-        router,
-        "--router-mode",
-        args.router_mode,
-        *fleet_flags,
-        *log_level,
-    ]
-    if args.router_metrics_port is not None:
-        router_cmd += ["--metrics-port", str(args.router_metrics_port)]
-    specs.append(ChildSpec("router", router_cmd))
+    for index, endpoint in enumerate(routers):
+        router_cmd = py + ["router", "--bind", endpoint, "--router-mode", args.router_mode]
+        router_cmd += fleet_flags + log_level
+        if args.router_metrics_port is not None and index == 0:
+            router_cmd += ["--metrics-port", str(args.router_metrics_port)]
+        specs.append(ChildSpec(f"router-{index}", router_cmd))
     for index, endpoint in enumerate(dispatchers):
-        specs.append(
-            ChildSpec(
-                f"dispatcher-{index}",
-                py + ["dispatcher", "--bind", endpoint, *fleet_flags, *log_level],
-            )
-        )
-    pre = py + [
-        "preprocessor",
-        "--host",
-        args.http_host,
-        "--port",
-        str(args.http_port),
-        "--router",
-        router,
-        *fleet_flags,
-        *log_level,
-    ]
+        dispatcher_cmd = py + ["dispatcher", "--bind", endpoint, *fleet_flags, *log_level]
+        specs.append(ChildSpec(f"dispatcher-{index}", dispatcher_cmd))
+    pre = py + ["preprocessor", "--host", args.http_host, "--port", str(args.http_port)]
+    pre += fleet_flags + log_level
+    for endpoint in routers:
+        pre += ["--router", endpoint]
     for endpoint in dispatchers:
         pre += ["--dispatcher", endpoint]
     if args.tokenizer:
@@ -166,7 +156,7 @@ def _ready(url: str) -> bool:
 def run(args: argparse.Namespace) -> int:
     setup_logging("up", args.log_level)
     specs, workers = build_stack(args)
-    supervisor = Supervisor()
+    supervisor = Supervisor(restart=not args.no_restart)
     stopping = False
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -182,9 +172,9 @@ def run(args: argparse.Namespace) -> int:
         for spec in specs:
             supervisor.start(spec)
         while not stopping:
-            exited = supervisor.first_exited()
-            if exited is not None:
-                log.error("%s exited with code %d; stopping the stack", *exited)
+            failed = supervisor.poll()
+            if failed is not None:
+                log.error("%s keeps failing; stopping the stack", failed)
                 code = 1
                 break
             if not announced and _ready(base + "/ready"):

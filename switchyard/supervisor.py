@@ -1,5 +1,11 @@
-"""Start child processes, watch them, and stop every one of them: on Ctrl-C, on SIGTERM, or
-as soon as one of them exits on its own."""
+"""Start child processes, watch them, restart one that crashes, and stop every one of them on
+Ctrl-C or SIGTERM.
+
+A crashed child is restarted with the same command line (an engine comes back on its port, a
+router rebinds its endpoint) after a backoff that doubles while it keeps crashing. A child
+that crashes `max_restarts` times within `window` seconds is given up on, and the supervisor
+reports it so the caller can stop the stack.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,7 @@ import logging
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 
@@ -29,26 +35,80 @@ class ChildSpec:
     argv: list[str]
 
 
+@dataclass
+class _Child:
+    spec: ChildSpec
+    proc: subprocess.Popen[bytes] | None
+    started: float
+    crashes: list[float] = field(default_factory=list)
+    restart_at: float | None = None
+
+
 class Supervisor:
-    def __init__(self) -> None:
-        self.children: dict[str, subprocess.Popen[bytes]] = {}
+    def __init__(
+        self,
+        restart: bool = True,
+        max_restarts: int = 5,
+        window: float = 60.0,
+        backoff: float = 0.5,
+        max_backoff: float = 10.0,
+    ) -> None:
+        self.restart = restart
+        self.max_restarts = max_restarts
+        self.window = window
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.children: dict[str, _Child] = {}
+        self.restarts = 0
 
     def start(self, spec: ChildSpec) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(spec.argv, preexec_fn=_die_with_parent, stdin=subprocess.DEVNULL)
-        self.children[spec.name] = proc
+        child = self.children.get(spec.name)
+        if child is None:
+            self.children[spec.name] = _Child(spec, proc, time.monotonic())
+        else:
+            child.proc, child.started, child.restart_at = proc, time.monotonic(), None
         log.info("started %s pid=%d", spec.name, proc.pid)
         return proc
 
-    def first_exited(self) -> tuple[str, int] | None:
-        for name, proc in self.children.items():
-            code = proc.poll()
-            if code is not None:
-                return name, code
+    def pid(self, name: str) -> int | None:
+        child = self.children.get(name)
+        return child.proc.pid if child is not None and child.proc is not None else None
+
+    def poll(self, now: float | None = None) -> str | None:
+        """Reap and restart crashed children. Returns the name of a child given up on (or
+        that exited while restarts are off), else None."""
+        now = time.monotonic() if now is None else now
+        for name, child in self.children.items():
+            if child.proc is not None:
+                code = child.proc.poll()
+                if code is None:
+                    continue
+                child.proc = None
+                if not self.restart:
+                    log.error("%s exited with code %d", name, code)
+                    return name
+                child.crashes = [t for t in child.crashes if now - t < self.window] + [now]
+                if len(child.crashes) > self.max_restarts:
+                    log.error(
+                        "%s exited with code %d, %d times in %.0fs: giving up",
+                        name,
+                        code,
+                        len(child.crashes),
+                        self.window,
+                    )
+                    return name
+                delay = min(self.max_backoff, self.backoff * 2 ** (len(child.crashes) - 1))
+                child.restart_at = now + delay
+                log.warning("%s exited with code %d; restarting in %.1fs", name, code, delay)
+            elif child.restart_at is not None and now >= child.restart_at:
+                self.restarts += 1
+                self.start(child.spec)
         return None
 
     def stop_all(self, grace: float = 10.0) -> None:
         # Stop in reverse start order: the HTTP edge first, engines last.
-        procs = list(self.children.items())[::-1]
+        procs = [(n, c.proc) for n, c in self.children.items() if c.proc is not None][::-1]
         for _name, proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)

@@ -132,7 +132,8 @@ def wiring_of(where: str, args: argparse.Namespace) -> Wiring:
     elif args.command == "preprocessor":
         _host_bind(where, "http", args.host, args.port, wiring)
         assert args.dispatcher, f"{where}: give --dispatcher explicitly (the default is loopback)"
-        wiring.dials.append(("--router", "router", args.router))
+        assert args.router, f"{where}: give --router explicitly (the default is loopback)"
+        wiring.dials += [("--router", "router", endpoint) for endpoint in args.router]
         wiring.dials += [("--dispatcher", "dispatcher", endpoint) for endpoint in args.dispatcher]
         wiring.dials += fleet_dials
     elif args.command == "mock-engine":

@@ -33,7 +33,8 @@ def chosen_overlap(route: dict | None) -> int:
     if route is None:
         return 0
     chosen = route["chosen"]["instance_id"]
-    return next(w["overlap_blocks"] for w in route["workers"] if w["instance_id"] == chosen)
+    # No workers listed: the preprocessor routed locally (no router answered).
+    return next((w["overlap_blocks"] for w in route["workers"] if w["instance_id"] == chosen), 0)
 
 
 def test_shared_prefix_lands_where_it_is_cached():

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from switchyard.protos.codec import encode
 
@@ -42,7 +43,12 @@ def new_socket(
 
 class DealerClient:
     """A DEALER connected to one service endpoint. `handle(reply)` is called for every reply
-    by the reader task; subclasses route replies to their waiters by request id."""
+    by the reader task; subclasses route replies to their waiters by request id.
+
+    `connected` follows the peer through the socket's monitor: False until the handshake
+    with the service succeeds, and again as soon as the connection drops (the service died
+    or restarts; ZMQ reconnects by itself). `on_disconnect()` is called on every drop.
+    """
 
     def __init__(
         self,
@@ -52,19 +58,50 @@ class DealerClient:
     ) -> None:
         self.endpoint = endpoint
         self._ctx = ctx or zmq.asyncio.Context.instance()
-        self._sock = new_socket(self._ctx, zmq.DEALER, connect=[endpoint])
+        self._sock = new_socket(self._ctx, zmq.DEALER)
+        self._monitor = self._sock.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+        )
+        self._sock.connect(endpoint)
         self._decoder = decoder
         self._reader: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self.connected = False
+        self._connected = asyncio.Event()
 
     def start(self) -> None:
         if self._reader is None:
             self._reader = asyncio.create_task(self._read_loop(), name=f"dealer:{self.endpoint}")
+            self._watcher = asyncio.create_task(self._watch(), name=f"monitor:{self.endpoint}")
+
+    async def wait_connected(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._connected.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
 
     async def send(self, message: Any) -> None:
         await self._sock.send(encode(message), copy=False)
 
     def handle(self, reply: Any) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
+
+    def on_disconnect(self) -> None:
+        """Called when the connection to the service drops (override to fail waiters)."""
+
+    async def _watch(self) -> None:
+        while True:
+            event = parse_monitor_message(await self._monitor.recv_multipart())["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.connected = True
+                self._connected.set()
+                log.info("connected to %s", self.endpoint)
+            elif event == zmq.EVENT_DISCONNECTED and self.connected:
+                self.connected = False
+                self._connected.clear()
+                log.warning("lost connection to %s", self.endpoint)
+                self.on_disconnect()
 
     async def _read_loop(self) -> None:
         decode = self._decoder.decode
@@ -79,11 +116,14 @@ class DealerClient:
             self.handle(reply)
 
     async def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
-            self._reader = None
+        for task in (self._reader, self._watcher):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._reader = self._watcher = None
+        self._sock.disable_monitor()
+        self._monitor.close(linger=0)
         self._sock.close(linger=0)
 
 

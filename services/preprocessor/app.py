@@ -63,6 +63,10 @@ def _request_error(exc: BaseException) -> RequestError:
     if isinstance(exc, NoWorker):
         if exc.reason == "unknown_model":
             return ModelNotFoundError(exc.model)
+        if exc.reason == "all_busy":
+            return ServiceUnavailableError(
+                f"Every engine serving {exc.model!r} is overloaded; retry later.", "overloaded"
+            )
         return ServiceUnavailableError(str(exc))
     if isinstance(exc, EngineError):
         if exc.kind == kinds.BAD_REQUEST:
@@ -199,23 +203,22 @@ async def _debug_route(state: PreprocessorState, body: bytes) -> Response:
         )
     except RequestError as exc:
         return _error(exc)
-    except TimeoutError:
-        return _error(
-            ServiceUnavailableError("The router did not answer in time.", "router_timeout")
-        )
     if reply.instance_id is None:
         return _error(
             _request_error(NoWorker(reply.error, f"no engine for {req.model!r}", req.model))
         )
     workers = sorted(reply.workers, key=lambda w: (w.cost, w.instance_id))
-    chosen = next(w for w in workers if w.instance_id == reply.instance_id)
+    chosen_instance = state.fleet.instances.get(reply.instance_id)
     return _json(
         orjson.dumps(
             {
                 "policy": reply.policy,
                 "prompt_tokens": len(prompt_ids),
                 "prompt_blocks": reply.prompt_blocks,
-                "chosen": {"instance_id": chosen.instance_id, "url": chosen.url},
+                "chosen": {
+                    "instance_id": reply.instance_id,
+                    "url": chosen_instance.url if chosen_instance else None,
+                },
                 "workers": [msgspec.structs.asdict(w) for w in workers],
             }
         )

@@ -16,7 +16,12 @@ from switchyard.preprocessor.state import PreprocessorConfig, PreprocessorState
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=endpoints.HTTP_HOST)
     parser.add_argument("--port", type=int, default=endpoints.HTTP_PORT)
-    parser.add_argument("--router", default=endpoints.ROUTER, help="router ZMQ endpoint")
+    parser.add_argument(
+        "--router",
+        action="append",
+        default=None,
+        help=f"router ZMQ endpoint (repeat for replicas; default {endpoints.ROUTER})",
+    )
     parser.add_argument(
         "--dispatcher",
         action="append",
@@ -45,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     setup_logging("preprocessor", args.log_level)
     config = PreprocessorConfig(
-        router=args.router,
+        routers=args.router or [endpoints.ROUTER],
         dispatchers=args.dispatcher or [endpoints.DISPATCHER],
         fleet_control=args.fleet_control,
         fleet_events=args.fleet_events,

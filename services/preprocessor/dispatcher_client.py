@@ -2,6 +2,9 @@
 
 One DEALER per dispatcher replica; each generation stays on the replica it started on (its
 cancel must reach the same one). Replies are fanned out to per-request queues by the reader.
+When a replica's connection drops, every stream it carried is failed at once (kind
+`disconnected`, not the engine's fault), so the pipeline migrates them through another
+replica instead of waiting for the idle timeout.
 """
 
 from __future__ import annotations
@@ -10,59 +13,93 @@ import asyncio
 import itertools
 from typing import Any
 
+from switchyard.common import errors
 from switchyard.common.messaging import DealerClient
 from switchyard.protos import codec
-from switchyard.protos.messages import CancelRequest, GenerateRequest
+from switchyard.protos.messages import CancelRequest, GenerateFailed, GenerateRequest
+
+
+class NoDispatcher(errors.SwitchyardError):
+    """No dispatcher replica is connected."""
 
 
 class _Replica(DealerClient):
-    def __init__(self, endpoint: str, streams: dict[str, asyncio.Queue[Any]]) -> None:
+    def __init__(self, endpoint: str, streams: dict[str, GenerationStream]) -> None:
         super().__init__(endpoint, codec.dispatcher_reply)
-        self._streams = streams
+        self._all = streams
+        self.streams: set[str] = set()  # request ids of the streams on this replica
 
     def handle(self, reply: Any) -> None:
-        queue = self._streams.get(reply.request_id)
-        if queue is not None:
-            queue.put_nowait(reply)
+        stream = self._all.get(reply.request_id)
+        if stream is not None:
+            stream.queue.put_nowait(reply)
+
+    def on_disconnect(self) -> None:
+        for request_id in list(self.streams):
+            stream = self._all.get(request_id)
+            if stream is not None:
+                stream.queue.put_nowait(
+                    GenerateFailed(
+                        request_id=request_id,
+                        instance_id=stream.instance_id,
+                        kind=errors.DISCONNECTED,
+                        engine_fault=False,
+                        message=f"dispatcher {self.endpoint} went away",
+                    )
+                )
 
 
 class GenerationStream:
     """Replies of one generation: TokenDelta..., then GenerateFinished or GenerateFailed."""
 
-    def __init__(self, client: DispatcherClient, replica: _Replica, request_id: str) -> None:
+    def __init__(self, client: DispatcherClient, replica: _Replica, request: GenerateRequest):
         self._client = client
         self._replica = replica
-        self.request_id = request_id
+        self.request_id = request.request_id
+        self.instance_id = request.instance_id
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self._open = True
 
     async def cancel(self) -> None:
         if self._open:
             self.close()
-            await self._replica.send(CancelRequest(self.request_id))
+            if self._replica.connected:
+                await self._replica.send(CancelRequest(self.request_id))
 
     def close(self) -> None:
         if self._open:
             self._open = False
             self._client.streams.pop(self.request_id, None)
+            self._replica.streams.discard(self.request_id)
 
 
 class DispatcherClient:
     def __init__(self, endpoints: list[str]) -> None:
         if not endpoints:
             raise ValueError("at least one dispatcher endpoint is needed")
-        self.streams: dict[str, asyncio.Queue[Any]] = {}
+        self.streams: dict[str, GenerationStream] = {}
         self._replicas = [_Replica(e, self.streams) for e in endpoints]
-        self._next = itertools.cycle(self._replicas)
+        self._turn = itertools.cycle(range(len(self._replicas)))
 
     def start(self) -> None:
         for replica in self._replicas:
             replica.start()
 
+    async def wait_connected(self, timeout: float) -> bool:
+        return any([await r.wait_connected(timeout) for r in self._replicas])
+
+    def _pick(self) -> _Replica:
+        first = next(self._turn)
+        for replica in self._replicas[first:] + self._replicas[:first]:
+            if replica.connected:
+                return replica
+        raise NoDispatcher("no dispatcher is connected")
+
     async def open(self, request: GenerateRequest) -> GenerationStream:
-        replica = next(self._next)
-        stream = GenerationStream(self, replica, request.request_id)
-        self.streams[request.request_id] = stream.queue
+        replica = self._pick()
+        stream = GenerationStream(self, replica, request)
+        self.streams[request.request_id] = stream
+        replica.streams.add(request.request_id)
         await replica.send(request)
         return stream
 

@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import msgspec
 
 from switchyard.common import errors
 from switchyard.common.errors import EngineError
-from switchyard.preprocessor.dispatcher_client import DispatcherClient
-from switchyard.preprocessor.router_client import RouterClient
+from switchyard.preprocessor.dispatcher_client import (
+    DispatcherClient,
+    GenerationStream,
+    NoDispatcher,
+)
+from switchyard.preprocessor.router_client import FALLBACK_POLICY, RouterClient
 from switchyard.protos.messages import (
     STAGE_FINISHED,
     STAGE_FIRST_TOKEN,
@@ -60,34 +64,49 @@ class Pipeline:
         route_timeout: float = 5.0,
         idle_timeout: float = 60.0,
         migration_limit: int = 3,
+        busy_seconds: float = 1.0,
+        on_migration: Callable[[str], None] | None = None,
+        on_router_fallback: Callable[[], None] | None = None,
     ) -> None:
         self.router = router
         self.dispatcher = dispatcher
         self.route_timeout = route_timeout
         self.idle_timeout = idle_timeout
         self.migration_limit = migration_limit
+        self.busy_seconds = busy_seconds
+        self.on_migration = on_migration
+        self.on_router_fallback = on_router_fallback
 
     async def _route(self, inp: GenerationInput, exclude: list[int]) -> int:
-        try:
-            reply = await self.router.route(
-                RouteRequest(
-                    request_id=inp.request_id,
-                    model=inp.model,
-                    token_ids=inp.prompt_ids,
-                    exclude=exclude,
-                ),
-                self.route_timeout,
-            )
-        except TimeoutError:
-            raise NoWorker("router_timeout", "the router did not answer in time") from None
+        reply = await self.router.route(
+            RouteRequest(
+                request_id=inp.request_id,
+                model=inp.model,
+                token_ids=inp.prompt_ids,
+                exclude=exclude,
+            ),
+            self.route_timeout,
+        )
+        if reply.policy == FALLBACK_POLICY and self.on_router_fallback is not None:
+            self.on_router_fallback()
         if reply.instance_id is None:
             raise NoWorker(reply.error, f"no engine available for model {inp.model!r}", inp.model)
         return reply.instance_id
+
+    async def _open(self, request: GenerateRequest) -> GenerationStream:
+        try:
+            return await self.dispatcher.open(request)
+        except NoDispatcher:
+            # A dispatcher restarting: give the replicas a moment to come back.
+            if await self.dispatcher.wait_connected(self.route_timeout):
+                return await self.dispatcher.open(request)
+            raise NoWorker("no_dispatcher", "no dispatcher is reachable") from None
 
     async def generate(self, inp: GenerationInput) -> AsyncIterator[TokenDelta | GenerateFinished]:
         generated: list[int] = []
         exclude: list[int] = []
         sampling = inp.sampling
+        failure: GenerateFailed | None = None
         for attempt in range(self.migration_limit + 1):
             instance_id = await self._route(inp, exclude)
             attempt_id = inp.request_id if attempt == 0 else f"{inp.request_id}.m{attempt}"
@@ -103,7 +122,8 @@ class Pipeline:
             )
             failure = None
             engine_done = False  # the dispatcher sent its last reply for this attempt
-            stream = await self.dispatcher.open(request)
+            first = True
+            stream = await self._open(request)
             try:
                 get = stream.queue.get
                 while True:
@@ -118,9 +138,10 @@ class Pipeline:
                         )
                         break
                     if type(reply) is TokenDelta:
-                        if not generated:
+                        if first:
+                            first = False
                             await self.router.progress(
-                                inp.request_id, instance_id, STAGE_FIRST_TOKEN
+                                inp.request_id, instance_id, STAGE_FIRST_TOKEN, final=False
                             )
                         generated.extend(reply.token_ids)
                         yield reply
@@ -142,10 +163,13 @@ class Pipeline:
                     stream.close()
                 else:  # the caller went away, stopped early, or the stream went silent
                     await stream.cancel()
-                await self.router.progress(inp.request_id, instance_id, STAGE_FINISHED)
+                await self.router.progress(inp.request_id, instance_id, STAGE_FINISHED, final=True)
             if failure.kind not in errors.MIGRATABLE:
                 raise EngineError(failure.kind, failure.message, failure.instance_id)
-            exclude.append(instance_id)
+            if failure.kind == errors.OVERLOADED:
+                await self.router.busy(instance_id, self.busy_seconds)
+            if failure.engine_fault:
+                exclude.append(instance_id)
             if attempt < self.migration_limit:
                 log.warning(
                     "migrating request_id=%s from instance_id=%d kind=%s after %d tokens: %s",
@@ -155,6 +179,9 @@ class Pipeline:
                     len(generated),
                     failure.message,
                 )
+                if self.on_migration is not None:
+                    self.on_migration(failure.kind)
+        assert failure is not None  # the loop ran at least once and every pass failed
         raise EngineError(
             failure.kind,
             f"gave up after {self.migration_limit} migrations: {failure.message}",

@@ -1,18 +1,132 @@
-"""The preprocessor's side of the router channel: route requests and progress notices."""
+"""The preprocessor's side of the router channel: route requests and progress notices.
+
+Several router replicas may run side by side; each request goes to a connected one (in turn).
+When none answers, the preprocessor keeps serving: `LocalFallback` round-robins over the
+instances fleet reports, and the caller is told (`fallback` in the reply's policy) so it can
+log and count it. KV routing resumes as soon as a router is connected again.
+"""
 
 from __future__ import annotations
 
+import itertools
+import logging
+from collections.abc import Callable, Mapping
+
 from switchyard.common.messaging import RequestReplyClient
 from switchyard.protos import codec
-from switchyard.protos.messages import RouteProgress, RouteRequest, RouteResponse
+from switchyard.protos.messages import (
+    ROLE_PREFILL,
+    Instance,
+    InstanceBusy,
+    RouteProgress,
+    RouteRequest,
+    RouteResponse,
+)
+
+log = logging.getLogger(__name__)
+
+FALLBACK_POLICY = "local_round_robin"
 
 
-class RouterClient(RequestReplyClient):
+class _Router(RequestReplyClient):
     def __init__(self, endpoint: str) -> None:
         super().__init__(endpoint, codec.route_response, key=lambda r: r.request_id)
 
-    async def route(self, request: RouteRequest, timeout: float) -> RouteResponse:
-        return await self.call(request.request_id, request, timeout)
 
-    async def progress(self, request_id: str, instance_id: int, stage: str) -> None:
-        await self.send(RouteProgress(request_id, instance_id, stage))
+class LocalFallback:
+    """Round-robin over fleet's instances, for when no router answers."""
+
+    def __init__(self, instances: Callable[[], Mapping[int, Instance]]) -> None:
+        self._instances = instances
+        self._counter = itertools.count()
+
+    def route(self, request: RouteRequest) -> RouteResponse:
+        candidates = sorted(
+            i.instance_id
+            for i in self._instances().values()
+            if i.model == request.model
+            and i.role != ROLE_PREFILL
+            and i.instance_id not in request.exclude
+        )
+        if not candidates:
+            return RouteResponse(
+                request_id=request.request_id,
+                instance_id=None,
+                error="no_worker",
+                policy=FALLBACK_POLICY,
+            )
+        chosen = candidates[next(self._counter) % len(candidates)]
+        return RouteResponse(
+            request_id=request.request_id, instance_id=chosen, policy=FALLBACK_POLICY
+        )
+
+
+class RouterClient:
+    def __init__(
+        self,
+        endpoints: list[str],
+        instances: Callable[[], Mapping[int, Instance]],
+        on_fallback: Callable[[], None] | None = None,
+    ) -> None:
+        if not endpoints:
+            raise ValueError("at least one router endpoint is needed")
+        self._routers = [_Router(e) for e in endpoints]
+        self._turn = itertools.cycle(range(len(self._routers)))
+        self._routed_by: dict[str, _Router] = {}
+        self.fallback = LocalFallback(instances)
+        self._on_fallback = on_fallback
+        self._warned = False
+
+    def start(self) -> None:
+        for router in self._routers:
+            router.start()
+
+    async def wait_connected(self, timeout: float) -> bool:
+        return any([await r.wait_connected(timeout) for r in self._routers])
+
+    def _connected(self) -> list[_Router]:
+        first = next(self._turn)
+        ordered = self._routers[first:] + self._routers[:first]
+        return [r for r in ordered if r.connected]
+
+    async def route(self, request: RouteRequest, timeout: float) -> RouteResponse:
+        for router in self._connected():
+            try:
+                reply: RouteResponse = await router.call(request.request_id, request, timeout)
+            except TimeoutError:
+                log.warning(
+                    "router %s did not answer request_id=%s in %.1fs",
+                    router.endpoint,
+                    request.request_id,
+                    timeout,
+                )
+                continue
+            if not request.dry_run:
+                self._routed_by[request.request_id] = router
+            if self._warned:
+                log.info("router %s answers again: KV-aware routing resumed", router.endpoint)
+                self._warned = False
+            return reply
+        if not self._warned:
+            log.warning("no router answers: routing locally (round-robin) until one is back")
+            self._warned = True
+        if self._on_fallback is not None:
+            self._on_fallback()
+        return self.fallback.route(request)
+
+    async def progress(self, request_id: str, instance_id: int, stage: str, final: bool) -> None:
+        """Tell the router that routed the request; a notice to a router that died is lost
+        (its bookkeeping expires)."""
+        router = self._routed_by.pop(request_id, None) if final else self._routed_by.get(request_id)
+        if router is not None and router.connected:
+            await router.send(RouteProgress(request_id, instance_id, stage))
+
+    async def busy(self, instance_id: int, seconds: float) -> None:
+        """An engine said it is overloaded: every connected router avoids it for a while."""
+        for router in self._routers:
+            if router.connected:
+                await router.send(InstanceBusy(instance_id, seconds))
+
+    async def close(self) -> None:
+        for router in self._routers:
+            await router.close()

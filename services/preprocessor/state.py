@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class PreprocessorConfig:
-    router: str
+    routers: list[str]
     dispatchers: list[str]
     fleet_control: str
     fleet_events: str
@@ -36,8 +36,8 @@ class PreprocessorConfig:
     migration_limit: int = 3
 
     def __post_init__(self) -> None:
-        if not self.dispatchers:
-            raise ValueError("at least one dispatcher endpoint is needed")
+        if not self.dispatchers or not self.routers:
+            raise ValueError("at least one router and one dispatcher endpoint are needed")
         if self.route_timeout <= 0 or self.stream_idle_timeout <= 0:
             raise ValueError("timeouts must be positive")
         if self.migration_limit < 0:
@@ -53,7 +53,7 @@ class PreprocessorState:
     def __post_init__(self) -> None:
         cfg = self.config
         self.fleet = FleetClient(cfg.fleet_control, cfg.fleet_events, on_change=self._on_change)
-        self.router = RouterClient(cfg.router)
+        self.router = RouterClient(cfg.routers, lambda: self.fleet.instances)
         self.dispatcher = DispatcherClient(cfg.dispatchers)
         self.pipeline = Pipeline(
             self.router,

@@ -29,6 +29,7 @@ from switchyard.router.types import Decision, Policy, RouteContext, WorkerView
 log = logging.getLogger(__name__)
 
 NO_WORKER = "no_worker"
+ALL_BUSY = "all_busy"
 UNKNOWN_MODEL = "unknown_model"
 
 
@@ -52,6 +53,7 @@ class RouterCore:
         self.tracker = tracker or InFlightTracker()
         self.index = index or KvIndex()
         self.predicted = predicted or PredictedPrefixes()
+        self._busy: dict[int, float] = {}  # instance id -> busy until (RESOURCE_EXHAUSTED)
         self._instances: Mapping[int, Instance] = {}
 
     def set_instances(self, instances: Mapping[int, Instance]) -> None:
@@ -63,6 +65,8 @@ class RouterCore:
 
     def route(self, request: RouteRequest, now: float) -> Routed:
         self.tracker.expire(now)
+        if self._busy:
+            self.expire_busy(now)
         exclude = frozenset(request.exclude)
         instances = [
             i
@@ -70,6 +74,14 @@ class RouterCore:
             # Prefill-only engines take the prefill hop, never a whole request.
             if i.model == request.model and i.role != ROLE_PREFILL and i.instance_id not in exclude
         ]
+        if instances and self._busy:
+            idle = [i for i in instances if self._busy.get(i.instance_id, 0.0) <= now]
+            if not idle:
+                return Routed(
+                    RouteResponse(request_id=request.request_id, instance_id=None, error=ALL_BUSY),
+                    None,
+                )
+            instances = idle
         if not instances:
             known = any(i.model == request.model for i in self._instances.values())
             error = NO_WORKER if known or request.exclude else UNKNOWN_MODEL
@@ -164,6 +176,13 @@ class RouterCore:
             for i in instances
         ]
         return views, prompt_blocks, hashes
+
+    def mark_busy(self, instance_id: int, until: float) -> None:
+        self._busy[instance_id] = max(until, self._busy.get(instance_id, 0.0))
+
+    def expire_busy(self, now: float) -> None:
+        for instance_id in [i for i, until in self._busy.items() if until <= now]:
+            del self._busy[instance_id]
 
     def progress(self, notice: RouteProgress) -> None:
         if notice.stage == STAGE_FIRST_TOKEN:

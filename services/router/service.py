@@ -15,7 +15,13 @@ import zmq.asyncio
 from switchyard.common.fleet_client import FleetClient
 from switchyard.common.messaging import new_socket
 from switchyard.protos import codec
-from switchyard.protos.messages import InstanceAdded, InstanceEvent, RouteProgress, RouteRequest
+from switchyard.protos.messages import (
+    InstanceAdded,
+    InstanceBusy,
+    InstanceEvent,
+    RouteProgress,
+    RouteRequest,
+)
 from switchyard.router.core import RouterCore
 from switchyard.router.kv.ingestor import KvIngestor
 from switchyard.router.metrics import RouterMetrics
@@ -102,3 +108,5 @@ class RouterService:
                     log.debug("route reply dropped: %s", exc)
             elif isinstance(message, RouteProgress):
                 core.progress(message)
+            elif isinstance(message, InstanceBusy):
+                core.mark_busy(message.instance_id, self.clock() + message.seconds)

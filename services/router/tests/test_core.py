@@ -9,7 +9,7 @@ from switchyard.protos.messages import (
     RouteProgress,
     RouteRequest,
 )
-from switchyard.router.core import NO_WORKER, UNKNOWN_MODEL, RouterCore
+from switchyard.router.core import ALL_BUSY, NO_WORKER, UNKNOWN_MODEL, RouterCore
 from switchyard.router.policies import build_policy
 
 
@@ -70,3 +70,18 @@ class TestLoadBookkeeping:
         c.route(req("a"), now=0)
         c.set_instances({2: inst(2)})
         assert c.tracker.in_flight(1) == 0
+
+
+class TestBusy:
+    def test_busy_instance_is_avoided_until_it_expires(self):
+        c = core(inst(1), inst(2))
+        c.mark_busy(1, until=5)
+        assert {c.route(req(f"r{n}"), now=1).response.instance_id for n in range(4)} == {2}
+        assert 1 in {c.route(req(f"s{n}"), now=6).response.instance_id for n in range(4)}
+
+    def test_all_busy_is_its_own_error(self):
+        c = core(inst(1), inst(2))
+        c.mark_busy(1, until=5)
+        c.mark_busy(2, until=5)
+        reply = c.route(req("r"), now=1).response
+        assert (reply.instance_id, reply.error) == (None, ALL_BUSY)
