@@ -69,6 +69,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--events", default=endpoints.FLEET_EVENTS, help="PUB endpoint for instance updates"
     )
     parser.add_argument(
+        "--readmit-after",
+        type=int,
+        default=2,
+        metavar="PROBES",
+        help="consecutive good probes before an engine that was down is routable again",
+    )
+    parser.add_argument(
         "--probe-interval",
         type=_seconds,
         default=2.0,
@@ -101,6 +108,7 @@ async def _serve(args: argparse.Namespace) -> int:
         control=args.control,
         events=args.events,
         probe_interval=args.probe_interval,
+        readmit_after=args.readmit_after,
         probe_timeout=args.probe_timeout,
     )
     try:

@@ -66,10 +66,16 @@ class Registry:
     only by a successful probe from a round started after it (so a probe already in flight
     when the report came cannot undo it)."""
 
-    def __init__(self, specs: Iterable[WorkerSpec] = ()) -> None:
+    def __init__(self, specs: Iterable[WorkerSpec] = (), readmit_after: int = 2) -> None:
+        if readmit_after < 1:
+            raise ValueError(f"readmit_after must be >= 1, got {readmit_after}")
+        self.readmit_after = readmit_after
         self._specs: dict[int, WorkerSpec] = {}
         self._info: dict[int, EngineInfo] = {}
         self._down: dict[int, int] = {}  # instance id -> latest round when it was reported
+        # Instances that were down and answer again: consecutive good probes so far. They are
+        # re-admitted after `readmit_after` of them (a flapping engine stays out).
+        self._streak: dict[int, int] = {}
         self._round = 0
         self.configure(specs)
 
@@ -86,6 +92,7 @@ class Registry:
         for spec in removed:
             self._info.pop(spec.instance_id, None)
             self._down.pop(spec.instance_id, None)
+            self._streak.pop(spec.instance_id, None)
         self._specs = new
         return added, removed
 
@@ -98,11 +105,17 @@ class Registry:
         if instance_id not in self._specs:
             return  # removed while the probe was in flight
         if info is None:
-            self._info.pop(instance_id, None)
+            if self._info.pop(instance_id, None) is not None or instance_id in self._streak:
+                self._streak[instance_id] = 0  # it was up (or recovering): start over
             return
         self._info[instance_id] = info
         if self._down.get(instance_id, round_) < round_:
             del self._down[instance_id]
+            self._streak.setdefault(instance_id, 0)
+        if instance_id in self._streak and instance_id not in self._down:
+            self._streak[instance_id] += 1
+            if self._streak[instance_id] >= self.readmit_after:
+                del self._streak[instance_id]
 
     def mark_down(self, instance_id: int) -> bool:
         """Take an instance out of the routable set until a later probe succeeds. False when
@@ -115,10 +128,16 @@ class Registry:
     def is_down(self, instance_id: int) -> bool:
         return instance_id in self._down
 
+    def recovering(self) -> bool:
+        """Some instance is down or being re-admitted (probe it soon, not in a full cycle)."""
+        return bool(self._down or self._streak)
+
     def routable(self) -> list[Instance]:
         any_listed_prefill = any(spec.prefill for spec in self._specs.values())
         return [
             build_instance(spec, self._info[spec.instance_id], any_listed_prefill)
             for spec in self.specs
-            if spec.instance_id in self._info and spec.instance_id not in self._down
+            if spec.instance_id in self._info
+            and spec.instance_id not in self._down
+            and spec.instance_id not in self._streak
         ]

@@ -56,6 +56,8 @@ class FleetService:
         events: str,
         probe_interval: float = 2.0,
         probe_timeout: float = 2.0,
+        readmit_after: int = 2,
+        recovery_interval: float = 0.5,
         watch_interval: float = 1.0,
         prober: Prober | None = None,
         context: zmq.asyncio.Context | None = None,
@@ -69,7 +71,13 @@ class FleetService:
         self._prober = prober or Prober(probe_timeout)
         self._context = context
         self._own_context = context is None
-        self._registry = Registry()
+        self._registry = Registry(readmit_after=readmit_after)
+        # While an instance is down or being re-admitted, probe rounds come this often
+        # (but never more often than the normal interval asks).
+        self._recovery_interval = min(recovery_interval, probe_interval)
+        self._max_backoff = max(probe_interval, 5.0)
+        self._next_probe: dict[int, float] = {}  # instance id -> monotonic time
+        self._failures: dict[int, int] = {}  # instance id -> consecutive failed probes
         self._version = time.time_ns() // 1000 if initial_version is None else initial_version
         self._published: Mapping[int, Instance] = MappingProxyType({})
         self._failing: dict[int, str] = {}  # instance id -> last probe error logged
@@ -164,6 +172,7 @@ class FleetService:
         if not self._registry.mark_down(report.instance_id):
             log.info("down report for unknown instance_id=%s ignored", report.instance_id)
             return
+        self._next_probe.pop(report.instance_id, None)  # re-probe at the next tick
         log.warning(
             "instance reported down instance_id=%s kind=%s detail=%s",
             report.instance_id,
@@ -181,17 +190,35 @@ class FleetService:
                 await self._probe_all()
             except Exception:
                 log.exception("probe cycle failed")
+            interval = self._probe_interval
+            if self._registry.recovering() or self._failing:
+                interval = self._recovery_interval
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._probe_interval)
+                await asyncio.wait_for(self._wake.wait(), interval)
 
     async def _probe_all(self) -> None:
         round_ = self._registry.start_round()
-        specs = self._registry.specs
+        now = time.monotonic()
+        specs = [s for s in self._registry.specs if self._next_probe.get(s.instance_id, 0) <= now]
         results = await asyncio.gather(*(self._probe_one(spec) for spec in specs))
         for spec, info in zip(specs, results, strict=True):
             self._registry.record(spec.instance_id, round_, info)
+            self._schedule(spec.instance_id, info is not None, now)
         await self._prober.retain({spec.url for spec in self._registry.specs})
         await self._publish()
+
+    def _schedule(self, instance_id: int, answered: bool, now: float) -> None:
+        """When to probe an instance next: at the normal interval once it is routable, every
+        recovery tick while it is being re-admitted, with a doubling backoff while it fails."""
+        if not answered:
+            failures = self._failures.get(instance_id, 0) + 1
+            self._failures[instance_id] = failures
+            backoff = self._recovery_interval * 2 ** (failures - 1)
+            self._next_probe[instance_id] = now + min(backoff, self._max_backoff)
+            return
+        self._failures.pop(instance_id, None)
+        routable = any(i.instance_id == instance_id for i in self._registry.routable())
+        self._next_probe[instance_id] = now + (self._probe_interval if routable else 0.0)
 
     async def _probe_one(self, spec: WorkerSpec) -> EngineInfo | None:
         try:

@@ -1,3 +1,5 @@
+import pytest
+
 from switchyard.common.engines import EngineInfo
 from switchyard.common.workers import WorkerSpec
 from switchyard.fleet.registry import Registry, build_instance, connectable_endpoint, resolve_role
@@ -68,12 +70,30 @@ class TestRegistry:
         registry.record(A.instance_id, registry.start_round(), info())
         assert [i.url for i in registry.routable()] == [A.url]
 
-    def test_failed_probe_removes_and_success_restores(self):
+    def test_failed_probe_removes_and_consecutive_successes_restore(self):
         registry = self.probed(A)
         registry.record(A.instance_id, registry.start_round(), None)
         assert registry.routable() == []
+        assert registry.recovering()
+        registry.record(A.instance_id, registry.start_round(), info())
+        assert registry.routable() == []  # one good probe is not enough
+        registry.record(A.instance_id, registry.start_round(), None)  # it flaps
+        registry.record(A.instance_id, registry.start_round(), info())
+        assert registry.routable() == []  # the streak started over
         registry.record(A.instance_id, registry.start_round(), info())
         assert [i.instance_id for i in registry.routable()] == [A.instance_id]
+        assert not registry.recovering()
+
+    def test_first_answer_admits_at_once(self):
+        """An engine seen for the first time is not held back (startup stays fast)."""
+        registry = Registry([A])
+        registry.record(A.instance_id, registry.start_round(), None)
+        registry.record(A.instance_id, registry.start_round(), info())
+        assert [i.instance_id for i in registry.routable()] == [A.instance_id]
+
+    def test_readmit_after_must_be_positive(self):
+        with pytest.raises(ValueError):
+            Registry([A], readmit_after=0)
 
     def test_roles_follow_the_prefill_list(self):
         registry = self.probed(A, P)
@@ -105,6 +125,7 @@ class TestRegistry:
         assert registry.mark_down(A.instance_id)
         registry.record(A.instance_id, in_flight, info())
         assert registry.routable() == []  # a probe started before the report cannot undo it
+        registry.record(A.instance_id, registry.start_round(), info())
         registry.record(A.instance_id, registry.start_round(), info())
         assert [i.instance_id for i in registry.routable()] == [A.instance_id]
         assert not registry.is_down(A.instance_id)
