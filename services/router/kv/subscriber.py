@@ -101,7 +101,22 @@ class ZmqKvSource:
             sub.setsockopt(zmq.LINGER, 0)
             sub.setsockopt(zmq.RCVHWM, 0)  # never drop: a drop is a gap and costs a replay
             sub.setsockopt(zmq.SUBSCRIBE, b"")
+            monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
             sub.connect(self.endpoint)
+            # Replay only once the subscription is on its way: a batch published between
+            # the replay's snapshot and a late subscription would be lost, and an engine
+            # that then stays idle would never reveal the gap.
+            try:
+                await asyncio.wait_for(monitor.recv_multipart(), self._replay_timeout)
+            except TimeoutError:
+                log.info(
+                    "kv events instance_id=%d: %s not reachable yet",
+                    self.instance_id,
+                    self.endpoint,
+                )
+            finally:
+                sub.disable_monitor()
+                monitor.close(linger=0)
             log.info(
                 "kv events subscribed instance_id=%d endpoint=%s replay=%s",
                 self.instance_id,
