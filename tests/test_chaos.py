@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import httpx
 import openai
-import pytest
 from e2e_stack import Processes, free_port, wait_until
 
 MODEL = "deepseek-mock"
@@ -35,8 +34,14 @@ class Stack:
 
 @contextlib.contextmanager
 def chaos_stack(
-    protocols=("vllm", "sglang", "vllm"), dispatchers=1, routers=1, engine_args=(), idle_timeout=3.0
+    protocols=("vllm", "sglang", "vllm"),
+    dispatchers=1,
+    routers=1,
+    engine_args=None,
+    idle_timeout=3.0,
 ):
+    """`engine_args`: engine index -> extra mock-engine flags (fault injection)."""
+    engine_args = engine_args or {}
     control, events = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
     fleet_flags = ["--fleet-control", control, "--fleet-events", events]
     http = free_port()
@@ -59,7 +64,7 @@ def chaos_stack(
                 f"tcp://127.0.0.1:{pub}",
                 "--kv-replay-endpoint",
                 f"tcp://127.0.0.1:{replay}",
-                *engine_args,
+                *engine_args.get(n, ()),
             ]
             engines[f"engine-{n}"] = argv
             procs.start(f"engine-{n}", *argv)
@@ -261,6 +266,23 @@ def test_restarted_engine_is_readmitted_with_a_fresh_index():
         )
 
 
-@pytest.mark.skip(reason="needs the mock engine's --hang-after-tokens flag")
+def fault_free_outputs() -> list[Outcome]:
+    with chaos_stack(protocols=("vllm",)) as stack:
+        return asyncio.run(run_streams(stack.base))
+
+
 def test_hung_engine_streams_migrate_after_the_idle_timeout():
-    pass
+    expected = fault_free_outputs()
+    with chaos_stack(engine_args={0: ["--hang-after-tokens", "5"]}, idle_timeout=2) as stack:
+        got = asyncio.run(run_streams(stack.base))
+        check_identical(expected, got)
+        log = stack.procs.log("preprocessor")
+        assert "kind=disconnected after 5 tokens: no reply for 2s" in log
+
+
+def test_overloaded_engine_is_avoided():
+    expected = fault_free_outputs()
+    with chaos_stack(engine_args={1: ["--fail-overloaded", "1"]}) as stack:
+        got = asyncio.run(run_streams(stack.base))
+        check_identical(expected, got)
+        assert "kind=overloaded" in stack.procs.log("preprocessor")
