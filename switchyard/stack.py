@@ -81,6 +81,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--mock-arg=--prefill-ms-per-token=0.2)",
     )
     parser.add_argument(
+        "--metrics",
+        action="store_true",
+        help="serve Prometheus /metrics from fleet, routers and dispatchers on free ports "
+        "(logged); the preprocessor always serves GET /metrics",
+    )
+    parser.add_argument(
         "--router-metrics-port",
         type=int,
         default=None,
@@ -123,15 +129,21 @@ def build_stack(args: argparse.Namespace) -> tuple[list[ChildSpec], list[str]]:
         fleet_cmd += ["--prefill", url]
     if args.workers_file:
         fleet_cmd += ["--workers-file", args.workers_file]
+    if args.metrics:
+        fleet_cmd += _metrics_flags("fleet")
     specs.append(ChildSpec("fleet", fleet_cmd))
     for index, endpoint in enumerate(routers):
         router_cmd = py + ["router", "--bind", endpoint, "--router-mode", args.router_mode]
         router_cmd += fleet_flags + log_level
         if args.router_metrics_port is not None and index == 0:
             router_cmd += ["--metrics-port", str(args.router_metrics_port)]
+        elif args.metrics:
+            router_cmd += _metrics_flags(f"router-{index}")
         specs.append(ChildSpec(f"router-{index}", router_cmd))
     for index, endpoint in enumerate(dispatchers):
         dispatcher_cmd = py + ["dispatcher", "--bind", endpoint, *fleet_flags, *log_level]
+        if args.metrics:
+            dispatcher_cmd += _metrics_flags(f"dispatcher-{index}")
         specs.append(ChildSpec(f"dispatcher-{index}", dispatcher_cmd))
     pre = py + ["preprocessor", "--host", args.http_host, "--port", str(args.http_port)]
     pre += fleet_flags + log_level
@@ -143,6 +155,12 @@ def build_stack(args: argparse.Namespace) -> tuple[list[ChildSpec], list[str]]:
         pre += ["--tokenizer", args.tokenizer]
     specs.append(ChildSpec("preprocessor", pre))
     return specs, workers
+
+
+def _metrics_flags(name: str) -> list[str]:
+    port = free_port()
+    log.info("%s metrics on http://127.0.0.1:%d/metrics", name, port)
+    return ["--metrics-port", str(port)]
 
 
 def _ready(url: str) -> bool:

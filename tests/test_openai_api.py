@@ -204,3 +204,20 @@ def test_no_engine_available_is_503():
             )
             assert reply.status_code == 503, reply.text
             assert reply.json()["error"]["code"] == "no_engine_available"
+
+
+class TestMetrics:
+    def test_preprocessor_metrics(self, client, stack):
+        client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4)
+        text = httpx.get(stack.base_url + "/metrics").text
+        assert (
+            'switchyard_preprocessor_requests_total{endpoint="chat_completions",status="200"}'
+            in text
+        )
+        assert "switchyard_preprocessor_time_to_first_token_seconds_count" in text
+        count = next(
+            float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith("switchyard_preprocessor_output_tokens_total")
+        )
+        assert count >= 4

@@ -14,6 +14,7 @@ from switchyard.common import errors
 from switchyard.common.fleet_client import FleetClient
 from switchyard.common.messaging import new_socket
 from switchyard.dispatcher.channels import ChannelPool
+from switchyard.dispatcher.metrics import DispatcherMetrics
 from switchyard.dispatcher.streams import run_generation
 from switchyard.protos import codec
 from switchyard.protos.messages import (
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 class DispatcherService:
     def __init__(self, bind: str, fleet_control: str, fleet_events: str) -> None:
         self.bind = bind
+        self.metrics = DispatcherMetrics()
         self.pool = ChannelPool()
         self.fleet = FleetClient(fleet_control, fleet_events, on_change=self.pool.apply)
         self._ctx = zmq.asyncio.Context()
@@ -101,9 +103,23 @@ class DispatcherService:
             )
             self._spawn(send(failed))
             return
-        task = asyncio.create_task(run_generation(client, request, send, self._report_down))
+        metrics = self.metrics
+        in_flight = metrics.in_flight.labels(str(request.instance_id))
+        on_error = metrics.errors.labels
+        task = asyncio.create_task(
+            run_generation(
+                client, request, send, self._report_down, lambda kind: on_error(kind).inc()
+            )
+        )
         self._tasks[key] = task
-        task.add_done_callback(lambda _t: self._tasks.pop(key, None))
+        metrics.generations.inc()
+        in_flight.inc()
+
+        def done(_task: asyncio.Task[None]) -> None:
+            self._tasks.pop(key, None)
+            in_flight.dec()
+
+        task.add_done_callback(done)
 
     def _report_down(self, instance_id: int, kind: str, detail: str) -> None:
         self._spawn(self.fleet.report_down(instance_id, kind, detail))

@@ -26,6 +26,7 @@ async def run_generation(
     request: GenerateRequest,
     send: Send,
     on_instance_down: Callable[[int, str, str], None],
+    on_error: Callable[[str], None] | None = None,
 ) -> None:
     try:
         async for event in client.generate(request):
@@ -43,6 +44,8 @@ async def run_generation(
             exc.kind,
             exc.message,
         )
+        if on_error is not None:
+            on_error(exc.kind)
         if exc.kind in errors.INSTANCE_DOWN:
             on_instance_down(request.instance_id, exc.kind, exc.message)
         await send(

@@ -13,6 +13,7 @@ import zmq
 
 from switchyard.common import endpoints
 from switchyard.common.logs import setup_logging
+from switchyard.common.metrics import add_metrics_arguments, serve_metrics
 from switchyard.common.workers import WorkerSpec, parse_worker
 from switchyard.fleet.service import FleetService
 from switchyard.fleet.source import WorkerSource
@@ -89,6 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="give up on a probe after this long (default 2)",
     )
+    add_metrics_arguments(parser)
     parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper
     )
@@ -113,6 +115,7 @@ async def _serve(args: argparse.Namespace) -> int:
     )
     try:
         await service.start()
+        serve_metrics(service.metrics.registry, args.metrics_host, args.metrics_port)
     except (ValueError, OSError, zmq.ZMQError) as exc:
         log.error("fleet cannot start: %s", exc)
         return 2

@@ -128,6 +128,23 @@ class Registry:
     def is_down(self, instance_id: int) -> bool:
         return instance_id in self._down
 
+    def states(self) -> list[tuple[str, str]]:
+        """(role, state) of every configured worker; state is routable, down (reported or
+        not answering), recovering (answering, not yet re-admitted) or unprobed."""
+        routable = {i.instance_id: i.role for i in self.routable()}
+        out = []
+        for spec in self.specs:
+            iid = spec.instance_id
+            if iid in routable:
+                out.append((routable[iid], "routable"))
+            elif iid in self._streak and iid in self._info:
+                out.append(("unknown", "recovering"))
+            elif iid in self._down or iid in self._streak:
+                out.append(("unknown", "down"))
+            else:
+                out.append(("unknown", "unprobed"))
+        return out
+
     def recovering(self) -> bool:
         """Some instance is down or being re-admitted (probe it soon, not in a full cycle)."""
         return bool(self._down or self._streak)

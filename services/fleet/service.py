@@ -28,6 +28,7 @@ from switchyard.common.engines import EngineInfo
 from switchyard.common.errors import EngineError
 from switchyard.common.instance_diff import diff_instances, index_instances
 from switchyard.common.workers import WorkerSpec
+from switchyard.fleet.metrics import FleetMetrics
 from switchyard.fleet.prober import Prober
 from switchyard.fleet.registry import Registry
 from switchyard.fleet.source import WorkerSource
@@ -72,6 +73,7 @@ class FleetService:
         self._context = context
         self._own_context = context is None
         self._registry = Registry(readmit_after=readmit_after)
+        self.metrics = FleetMetrics(self._registry.states)
         # While an instance is down or being re-admitted, probe rounds come this often
         # (but never more often than the normal interval asks).
         self._recovery_interval = min(recovery_interval, probe_interval)
@@ -229,7 +231,9 @@ class FleetService:
             problem = f"{type(exc).__name__}: {exc}"
         else:
             self._failing.pop(spec.instance_id, None)
+            self.metrics.probes.labels("ok").inc()
             return info
+        self.metrics.probes.labels("failed").inc()
         if self._failing.get(spec.instance_id) != problem:
             log.warning(
                 "probe failed url=%s instance_id=%s: %s", spec.url, spec.instance_id, problem

@@ -16,6 +16,7 @@ import msgspec
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from switchyard.common import errors as kinds
@@ -129,21 +130,29 @@ def create_app(state: PreprocessorState) -> FastAPI:
     async def models() -> Response:
         return _json(state.models_body())
 
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def handle(request: Request, chat: bool) -> Response:
+        started = time.perf_counter()
+        try:
+            body = await request.body()
+            req = parse_chat_completion(body) if chat else parse_completion(body)
+            response = await _serve(state, req, "chatcmpl" if chat else "cmpl", started)
+        except Exception as exc:
+            response = _error(_request_error(exc))
+        endpoint = "chat_completions" if chat else "completions"
+        state.metrics.requests.labels(endpoint, str(response.status_code)).inc()
+        return response
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        try:
-            req = parse_chat_completion(await request.body())
-            return await _serve(state, req, "chatcmpl")
-        except RequestError as exc:
-            return _error(exc)
+        return await handle(request, chat=True)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        try:
-            req = parse_completion(await request.body())
-            return await _serve(state, req, "cmpl")
-        except RequestError as exc:
-            return _error(exc)
+        return await handle(request, chat=False)
 
     @app.post("/debug/route")
     async def debug_route(request: Request) -> Response:
@@ -226,7 +235,10 @@ async def _debug_route(state: PreprocessorState, body: bytes) -> Response:
 
 
 async def _serve(
-    state: PreprocessorState, req: ChatCompletionRequest | CompletionRequest, prefix: str
+    state: PreprocessorState,
+    req: ChatCompletionRequest | CompletionRequest,
+    prefix: str,
+    started: float,
 ) -> Response:
     entry, prompt_ids, param = _prompt(state, req)
     tokenizer = state.require_tokenizer()
@@ -235,7 +247,8 @@ async def _serve(
     )
     request_id = f"{prefix}-{uuid.uuid4().hex}"
     inp = GenerationInput(request_id, req.model, prompt_ids, _sampling(req.sampling, max_tokens))
-    texts = text_deltas(state.pipeline.generate(inp), tokenizer, prompt_ids, req.sampling.stop)
+    tokens = state.metrics.observe(state.pipeline.generate(inp), started)
+    texts = text_deltas(tokens, tokenizer, prompt_ids, req.sampling.stop)
     created = int(time.time())
     chat = isinstance(req, ChatCompletionRequest)
     if not req.stream:

@@ -16,6 +16,7 @@ from switchyard.common.fleet_client import FleetClient
 from switchyard.preprocessor.catalog import ModelEntry, build_catalog
 from switchyard.preprocessor.dispatcher_client import DispatcherClient
 from switchyard.preprocessor.errors import ServiceUnavailableError
+from switchyard.preprocessor.metrics import PreprocessorMetrics
 from switchyard.preprocessor.pipeline import Pipeline
 from switchyard.preprocessor.router_client import RouterClient
 from switchyard.preprocessor.tokenizer import TokenizerBundle
@@ -53,6 +54,7 @@ class PreprocessorState:
     def __post_init__(self) -> None:
         cfg = self.config
         self.fleet = FleetClient(cfg.fleet_control, cfg.fleet_events, on_change=self._on_change)
+        self.metrics = PreprocessorMetrics()
         self.router = RouterClient(cfg.routers, lambda: self.fleet.instances)
         self.dispatcher = DispatcherClient(cfg.dispatchers)
         self.pipeline = Pipeline(
@@ -61,6 +63,8 @@ class PreprocessorState:
             route_timeout=cfg.route_timeout,
             idle_timeout=cfg.stream_idle_timeout,
             migration_limit=cfg.migration_limit,
+            on_migration=lambda kind: self.metrics.migrations.labels(kind).inc(),
+            on_router_fallback=self.metrics.router_fallback.inc,
         )
         self._tasks: list[asyncio.Task[None]] = []
 

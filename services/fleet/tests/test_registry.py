@@ -138,3 +138,17 @@ class TestRegistry:
         changed = WorkerSpec(A.url, kv_events="tcp://e:1")
         assert registry.configure([changed]) == ([], [])
         assert registry.routable()[0].kv_events_endpoint == "tcp://e:1"
+
+
+class TestStates:
+    def test_states_for_metrics(self):
+        registry = Registry([A, B, P])
+        round_ = registry.start_round()
+        registry.record(A.instance_id, round_, info())
+        registry.record(P.instance_id, round_, info())
+        registry.record(P.instance_id, registry.start_round(), None)  # P went down
+        assert sorted(registry.states()) == sorted(
+            [("decode", "routable"), ("unknown", "unprobed"), ("unknown", "down")]
+        )
+        registry.record(P.instance_id, registry.start_round(), info())
+        assert ("unknown", "recovering") in registry.states()

@@ -1,0 +1,52 @@
+"""Smoke test of the load benchmark: its tiny configuration runs end to end and writes a table
+with the floor and Switchyard rows. No timed assertions; matplotlib is not required."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_load_bench_quick(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "load.py"), "--quick", "--no-plots", "--out-dir",
+         str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    table = (out / "load.md").read_text()
+    assert "| floor (gRPC direct) | 1 |" in table
+    assert "| switchyard round_robin | 1 |" in table
+    assert "| switchyard kv | 1 |" in table
+    assert "not run (pass --with-smg)" in table
+
+    results = json.loads((out / "load.json").read_text())
+    by_key = {t["key"]: t for t in results["targets"]}
+    for key in ("floor", "switchyard-round_robin", "switchyard-kv"):
+        target = by_key[key]
+        assert target["status"] == "ok", target["status"]
+        assert set(target["phases"]) == {"c1", "c32", "c128", "open 20/s"}
+        for name, phase in target["phases"].items():
+            where = f"{key} {name}"
+            assert phase["errors"] == 0, (where, phase["first_error"])
+            assert phase["n"] > 0, where
+            for field in ("req_s", "tok_s", "ttft_p50", "ttft_p99", "itl_p50", "e2e_p50"):
+                assert phase[field] > 0, (where, field, phase[field])
+            assert phase["ttft_p50"] <= phase["e2e_p50"], where
+            cpu = phase["cpu_per_1k"]
+            assert cpu["client"] > 0 and cpu["engines"] > 0, (where, cpu)
+            if key != "floor":
+                assert cpu["frontend"] > 0, (where, cpu)
+                assert {"preprocessor", "dispatcher", "router", "fleet"} <= set(
+                    phase["cpu"]["frontend"]
+                ), (where, phase["cpu"]["frontend"])
+    assert by_key["smg"]["status"].startswith("not run")
