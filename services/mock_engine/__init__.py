@@ -1,7 +1,8 @@
 """Mock engine: a CPU stand-in for stock SGLang / vLLM engines serving their real gRPC APIs,
 with a simulated prefix cache, simulated timing and the engines' own KV event wire.
 
-Layout: config, errors, types, timing, tokens, kv_cache, kv_events, generation (the neutral
-core); tokenizer_facts, deps, tokenizer_bundle, kv_wire, kv_zmq, kv_grpc, sglang_servicer,
-vllm_servicer (adapters); server, cli, __main__, testing.
+Layout: config, errors, types, timing, tokens, kv_cache, kv_events, faults, kv_handover,
+generation (the neutral core); tokenizer_facts, deps, tokenizer_bundle, kv_wire, kv_zmq,
+kv_grpc, kv_transfer, disagg, sglang_servicer, vllm_servicer (adapters); server, cli,
+__main__, testing.
 """

@@ -98,6 +98,67 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="",
         help="comma list of sequence numbers withheld from the PUB socket (still replayable)",
     )
+    pd = parser.add_argument_group(
+        "prefill/decode disaggregation (--role prefill|decode; vLLM both: with --kv-connector)"
+    )
+    pd.add_argument(
+        "--bootstrap-port",
+        type=int,
+        default=cfg.DEFAULT_BOOTSTRAP_PORT,
+        help="SGLang prefill: the KV bootstrap TCP port to serve (0: any free port)",
+    )
+    pd.add_argument(
+        "--bootstrap-timeout",
+        type=float,
+        default=cfg.DEFAULT_BOOTSTRAP_TIMEOUT_S,
+        help="seconds either side of an SGLang handover waits for the other",
+    )
+    pd.add_argument(
+        "--side-channel-port",
+        type=int,
+        default=0,
+        help="vLLM producer: the KV side channel TCP port to serve (0: any free port)",
+    )
+    pd.add_argument(
+        "--kv-transfer-ttl",
+        type=float,
+        default=cfg.DEFAULT_KV_TRANSFER_TTL_S,
+        help="seconds a vLLM prefill keeps a request's KV pinned for pickup",
+    )
+    pd.add_argument(
+        "--kv-connector",
+        default=None,
+        help=f"vLLM: the KV connector reported (default {cfg.DEFAULT_KV_CONNECTOR} for "
+        "prefill/decode; with --role both it makes the engine kv_both)",
+    )
+    faults = parser.add_argument_group("fault injection (chaos tests)")
+    faults.add_argument(
+        "--exit-after-tokens",
+        type=int,
+        default=None,
+        help="exit abruptly (os._exit, like a crash) after N tokens generated in total",
+    )
+    faults.add_argument(
+        "--hang-after-tokens",
+        type=int,
+        default=None,
+        help="each request goes silent after N tokens and never finishes",
+    )
+    faults.add_argument(
+        "--fail-unavailable",
+        type=float,
+        default=0.0,
+        help="fraction of Generate calls refused at once with UNAVAILABLE",
+    )
+    faults.add_argument(
+        "--fail-overloaded",
+        type=float,
+        default=0.0,
+        help="fraction of Generate calls refused at once with RESOURCE_EXHAUSTED",
+    )
+    faults.add_argument(
+        "--fault-seed", type=int, default=None, help="seed of the --fail-* draws (default random)"
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> cfg.MockEngineConfig:
@@ -128,6 +189,16 @@ def config_from_args(args: argparse.Namespace) -> cfg.MockEngineConfig:
         kv_replay_topic_frame=args.kv_replay_topic_frame,
         kv_replay_buffer=args.kv_replay_buffer,
         kv_skip_seqs=cfg.parse_seq_list(args.kv_skip_seq),
+        exit_after_tokens=args.exit_after_tokens,
+        hang_after_tokens=args.hang_after_tokens,
+        fail_unavailable=args.fail_unavailable,
+        fail_overloaded=args.fail_overloaded,
+        fault_seed=args.fault_seed,
+        bootstrap_port=args.bootstrap_port,
+        bootstrap_timeout_s=args.bootstrap_timeout,
+        side_channel_port=args.side_channel_port,
+        kv_transfer_ttl_s=args.kv_transfer_ttl,
+        kv_connector=args.kv_connector,
     )
 
 

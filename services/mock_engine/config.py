@@ -25,6 +25,9 @@ DEFAULT_BATCH_SLOWDOWN = 0.02
 DEFAULT_KV_REPLAY_BUFFER = 10_000  # the engines' buffer_steps
 KV_EVENTS_HWM = 100_000  # the engines' PUB high-water mark (and max_queue_size)
 DEFAULT_BOOTSTRAP_PORT = 8998  # SGLang's default --disaggregation-bootstrap-port
+DEFAULT_BOOTSTRAP_TIMEOUT_S = 10.0  # how long either side of an SGLang handover waits
+DEFAULT_KV_TRANSFER_TTL_S = 30.0  # how long a vLLM prefill keeps KV pinned for pickup
+DEFAULT_KV_CONNECTOR = "NixlConnector"  # vLLM's, reported (and used) by prefill/decode roles
 MAX_RUNNING_REQUESTS = 256  # reported as the scheduler's running window (vLLM max_num_seqs)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -73,11 +76,17 @@ def parse_seq_list(value: str | Iterable[int] | None) -> frozenset[int]:
 
 
 class Role(enum.StrEnum):
-    """Disaggregation role; only reported (GetServerInfo) until disaggregation lands."""
+    """Disaggregation role. SGLang: prefill / decode modes, both = "null" (aggregated). vLLM:
+    kv_producer / kv_consumer; both is kv_both only with a KV connector (else no KV transfer)."""
 
     BOTH = "both"
     PREFILL = "prefill"
     DECODE = "decode"
+
+
+def _fraction(name: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:  # also refuses NaN
+        raise ConfigError(name, f"must be a fraction in 0..1, got {value}")
 
 
 def default_tokenizer_dir() -> Path:
@@ -115,6 +124,18 @@ class MockEngineConfig:
     kv_replay_topic_frame: bool = False  # replay replies as [b"", topic, seq, payload]
     kv_replay_buffer: int = DEFAULT_KV_REPLAY_BUFFER
     kv_skip_seqs: frozenset[int] = frozenset()  # fault injection: not sent on the PUB socket
+    # fault injection (chaos tests)
+    exit_after_tokens: int | None = None  # os._exit once this many tokens were generated
+    hang_after_tokens: int | None = None  # each request goes silent after this many tokens
+    fail_unavailable: float = 0.0  # this fraction of Generate calls: UNAVAILABLE at once
+    fail_overloaded: float = 0.0  # this fraction of Generate calls: RESOURCE_EXHAUSTED
+    fault_seed: int | None = None  # None: a random seed
+    # prefill/decode disaggregation
+    bootstrap_port: int = DEFAULT_BOOTSTRAP_PORT  # SGLang prefill's KV bootstrap TCP port; 0: any
+    bootstrap_timeout_s: float = DEFAULT_BOOTSTRAP_TIMEOUT_S
+    side_channel_port: int = 0  # vLLM producer's KV side channel TCP port; 0: any free port
+    kv_transfer_ttl_s: float = DEFAULT_KV_TRANSFER_TTL_S
+    kv_connector: str | None = None  # vLLM; None: NixlConnector for prefill/decode, none for both
 
     def __post_init__(self) -> None:
         try:
@@ -152,6 +173,8 @@ class MockEngineConfig:
             message = f"must be at least 1, got {self.prefill_superlinear_tokens}"
             raise ConfigError("prefill_superlinear_tokens", message)
         self._check_kv_events()
+        self._check_faults()
+        self._check_disaggregation()
         if not self.speedup > 0:
             raise ConfigError("speedup", f"must be > 0, got {self.speedup}")
         if self.log_level.upper() not in LOG_LEVELS:
@@ -183,6 +206,58 @@ class MockEngineConfig:
                 "kv_replay_buffer", f"must be at least 1, got {self.kv_replay_buffer}"
             )
         object.__setattr__(self, "kv_skip_seqs", parse_seq_list(self.kv_skip_seqs))
+
+    def _check_faults(self) -> None:
+        if self.exit_after_tokens is not None and self.exit_after_tokens < 1:
+            message = f"must be at least 1, got {self.exit_after_tokens}"
+            raise ConfigError("exit_after_tokens", message)
+        if self.hang_after_tokens is not None and self.hang_after_tokens < 0:
+            message = f"must be >= 0, got {self.hang_after_tokens}"
+            raise ConfigError("hang_after_tokens", message)
+        _fraction("fail_unavailable", self.fail_unavailable)
+        _fraction("fail_overloaded", self.fail_overloaded)
+        if self.fail_unavailable + self.fail_overloaded > 1.0:
+            raise ConfigError("fail_overloaded", "fail_unavailable + fail_overloaded exceeds 1")
+        if self.fault_seed is not None and self.fault_seed < 0:
+            raise ConfigError("fault_seed", f"must be >= 0, got {self.fault_seed}")
+
+    def _check_disaggregation(self) -> None:
+        for name in ("bootstrap_port", "side_channel_port"):
+            port = getattr(self, name)
+            if not 0 <= port <= 65535:
+                raise ConfigError(name, f"must be in 0..65535 (0: any free port), got {port}")
+        for name in ("bootstrap_timeout_s", "kv_transfer_ttl_s"):
+            value = getattr(self, name)
+            if not value > 0 or math.isinf(value):
+                raise ConfigError(name, f"must be finite and > 0, got {value}")
+        if self.kv_connector is not None:
+            if self.protocol is not EngineProtocol.VLLM:
+                raise ConfigError("kv_connector", "is a vLLM setting (SGLang: --role only)")
+            if not self.kv_connector:
+                raise ConfigError("kv_connector", "must not be empty")
+        elif self.protocol is EngineProtocol.VLLM and self.role is not Role.BOTH:
+            object.__setattr__(self, "kv_connector", DEFAULT_KV_CONNECTOR)
+
+    @property
+    def vllm_kv_role(self) -> str:
+        """GetServerInfo.kv_role: kv_producer / kv_consumer / kv_both; "" without a connector."""
+        if self.kv_connector is None:
+            return ""
+        return {Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer"}.get(self.role, "kv_both")
+
+    @property
+    def kv_producer(self) -> bool:
+        """Hands prefilled KV to a decode engine (SGLang prefill mode; vLLM producer/both)."""
+        if self.protocol is EngineProtocol.SGLANG:
+            return self.role is Role.PREFILL
+        return self.kv_connector is not None and self.role is not Role.DECODE
+
+    @property
+    def kv_consumer(self) -> bool:
+        """Takes prefilled KV from a prefill engine (SGLang decode mode; vLLM consumer/both)."""
+        if self.protocol is EngineProtocol.SGLANG:
+            return self.role is Role.DECODE
+        return self.kv_connector is not None and self.role is not Role.PREFILL
 
     @property
     def timing(self) -> Timing:

@@ -1,4 +1,5 @@
-"""What the protocol servicers share: config, tokenizer facts, the core engine, the bundle."""
+"""What the protocol servicers share: config, tokenizer facts, the core engine, the bundle, the
+fault injector and the engine's disaggregation part."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 import grpc
 
 from switchyard.mock_engine.config import MockEngineConfig
+from switchyard.mock_engine.disagg import Disaggregation
+from switchyard.mock_engine.faults import FaultInjector, Refusal
 from switchyard.mock_engine.generation import MockEngine
 from switchyard.mock_engine.kv_events import KvEventPublisher
 from switchyard.mock_engine.tokenizer_bundle import TokenizerBundle, bundle_slices
@@ -26,6 +29,8 @@ class ServicerDeps:
     model_config: dict[str, Any]  # config.json as served
     port: int  # the bound port (the config's may be 0)
     start_time: float  # wall clock
+    faults: FaultInjector
+    disagg: Disaggregation
     wall_clock: Callable[[], float] = time.time
 
     @property
@@ -38,6 +43,26 @@ class ServicerDeps:
 
     def uptime_s(self) -> float:
         return max(0.0, self.wall_clock() - self.start_time)
+
+
+_REFUSALS = {
+    Refusal.UNAVAILABLE: (
+        grpc.StatusCode.UNAVAILABLE,
+        "mock engine: injected fault (--fail-unavailable): engine unavailable",
+    ),
+    Refusal.OVERLOADED: (
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "mock engine: injected fault (--fail-overloaded): engine overloaded, retry later",
+    ),
+}
+
+
+async def refuse_if_faulted(deps: ServicerDeps, context: grpc.aio.ServicerContext) -> None:
+    """End a Generate call at once when the fault injector refuses it."""
+    verdict = deps.faults.admit()
+    if verdict is not None:
+        code, message = _REFUSALS[verdict]
+        await context.abort(code, message)
 
 
 async def unimplemented(context: grpc.aio.ServicerContext, what: str) -> None:

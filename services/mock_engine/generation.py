@@ -9,6 +9,14 @@ event sink. Pauses wake early on `abort`, so an aborted request ends at once wit
 `FinishReason.ABORT` step; a consumer that stops iterating (its gRPC call was cancelled) ends
 the generation where it stands. Either way its blocks are unpinned.
 
+Disaggregation: a request whose prompt KV a prefill engine handed over (`transferred_tokens`)
+pays no prefill: its first token comes after one decode step, and its cached_tokens is the
+transferred count (or the local prefix hit, if larger); its prompt blocks are stored as usual.
+`hold` pins a prompt's cached blocks past the end of its request (KV kept for a handover).
+
+Faults (`faults`): a request may go silent after N tokens (never finishing, deaf to Abort,
+ended only by its caller's cancellation), and the process may crash after N tokens in total.
+
 Limits: a prompt must be shorter than the context length; generation stops with "length"
 when prompt + output reaches the context length or max new tokens is reached (the length
 check runs before the EOS/stop checks, as in SGLang and vLLM). EOS and stop tokens are
@@ -27,6 +35,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from switchyard.mock_engine.errors import RequestRejected
+from switchyard.mock_engine.faults import FaultInjector
 from switchyard.mock_engine.kv_cache import Lease, PrefixCache
 from switchyard.mock_engine.timing import Timing
 from switchyard.mock_engine.tokens import TokenOracle, absorb, absorb_all, salt_for_seed
@@ -61,7 +70,7 @@ def _new_match(stop_strings: tuple[str, ...], text: str, old_chars: int) -> str 
 class _Running:
     """A request in flight: its progress and an abortable pause."""
 
-    __slots__ = ("request_id", "prompt_tokens", "lease", "generated", "aborted", "_wake")
+    __slots__ = ("request_id", "prompt_tokens", "lease", "generated", "aborted", "hung", "_wake")
 
     def __init__(self, request_id: str, prompt_tokens: int, lease: Lease) -> None:
         self.request_id = request_id
@@ -69,6 +78,7 @@ class _Running:
         self.lease = lease
         self.generated = 0
         self.aborted = False
+        self.hung = False
         self._wake: asyncio.Future[None] | None = None
 
     async def pause(self, delay_s: float) -> None:
@@ -91,6 +101,11 @@ class _Running:
         self.aborted = True
         if self._wake is not None:
             _settle(self._wake)
+
+    async def hang(self) -> None:
+        """Never return (an injected hang): only cancelling the caller ends it."""
+        self.hung = True
+        await asyncio.get_running_loop().create_future()
 
 
 class _ThroughputMeter:
@@ -125,6 +140,7 @@ class MockEngine:
         timing: Timing,
         token_text: Callable[[int], str],
         events: EventSink | None = None,
+        faults: FaultInjector | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
@@ -135,6 +151,7 @@ class MockEngine:
         self.cache = cache
         self.timing = timing
         self._events = events
+        self._faults = faults
         self._token_text = token_text
         self._wall_clock = wall_clock
         self._rng = rng if rng is not None else random.Random()
@@ -142,6 +159,7 @@ class MockEngine:
         self._meter = _ThroughputMeter(clock)
         self._last_receive_time = 0.0
         self.total_requests = 0
+        self.tokens_generated = 0  # over every request since start
 
     @property
     def max_prompt_tokens(self) -> int:
@@ -150,6 +168,11 @@ class MockEngine:
     @property
     def active_requests(self) -> int:
         return len(self._active)
+
+    @property
+    def hung_requests(self) -> int:
+        """Running requests silenced by --hang-after-tokens."""
+        return sum(1 for running in self._active.values() if running.hung)
 
     @property
     def kv_pool_tokens(self) -> int:
@@ -197,6 +220,13 @@ class MockEngine:
     def _commit(self, lease: Lease, tokens: Sequence[int], computed: int) -> None:
         self._emit(self.cache.commit(lease, tokens, computed))
 
+    def hold(self, prompt_ids: Sequence[int]) -> Lease:
+        """Pin the prompt's cached full blocks until `unhold` (KV kept for a handover)."""
+        return self.cache.hold(prompt_ids)
+
+    def unhold(self, lease: Lease) -> None:
+        self.cache.release(lease)
+
     def abort(self, request_id: str) -> bool:
         """Abort a running request; False when no such request is running."""
         running = self._active.get(request_id)
@@ -242,6 +272,10 @@ class MockEngine:
                 )
         if rid in self._active:
             raise RequestRejected(rid, f"Request id {rid} already running.")
+        if not 0 <= request.transferred_tokens <= len(prompt):
+            raise RequestRejected(
+                rid, f"transferred tokens ({request.transferred_tokens}) exceed the prompt"
+            )
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Step]:
         """Validate and run one request (raises RequestRejected before the first step)."""
@@ -250,12 +284,13 @@ class MockEngine:
         sampling = request.sampling
         prompt = request.prompt_ids
         lease = self.cache.begin(prompt)
-        cached = lease.cached_tokens
+        cached = max(lease.cached_tokens, request.transferred_tokens)
         running = _Running(rid, len(prompt), lease)
         self._active[rid] = running
         self._last_receive_time = self._wall_clock()
         self.total_requests += 1
         each_step = self.cache.policy.store_output_each_step
+        faults = self._faults
         tokens = list(prompt)  # prompt + output: what the cache stores blocks of
         prefilled = False
         try:
@@ -273,7 +308,11 @@ class MockEngine:
             tail = ""
             eos = self.oracle.eos_token_id
             produced = 0
-            await running.pause(self.timing.first_token_s(len(prompt) - cached))
+            if request.transferred_tokens:  # the KV arrived: straight to decoding
+                first_delay = self.timing.decode_step_s(len(self._active))
+            else:
+                first_delay = self.timing.first_token_s(len(prompt) - cached)
+            await running.pause(first_delay)
             if not running.aborted:
                 prefilled = True
                 self._commit(lease, tokens, len(prompt))
@@ -284,6 +323,9 @@ class MockEngine:
                 if running.aborted:
                     yield Step((), produced, Finish(FinishReason.ABORT), cached)
                     return
+                if faults is not None and faults.hangs_at(produced):
+                    logger.info("request_id=%s hangs after %d tokens (injected)", rid, produced)
+                    await running.hang()
                 may_stop = produced >= sampling.min_new_tokens
                 token = self.oracle.pick(
                     state,
@@ -298,6 +340,7 @@ class MockEngine:
                 if each_step:  # the newest token's KV is computed by the next step
                     self._commit(lease, tokens, len(tokens) - 1)
                 self._meter.add()
+                self.tokens_generated += 1
                 finish: Finish | None = None
                 if produced >= limit:
                     finish = Finish(FinishReason.LENGTH)
@@ -312,6 +355,8 @@ class MockEngine:
                         finish = Finish(FinishReason.STOP, matched_stop_str=matched)
                     tail = text[-keep:] if keep else ""
                 yield Step((token,), produced, finish, cached)
+                if faults is not None:
+                    faults.after_token(self.tokens_generated)
                 if finish is not None:
                     return
                 await running.pause(self.timing.decode_step_s(len(self._active)))

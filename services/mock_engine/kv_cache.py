@@ -14,6 +14,9 @@ sample from it), so a prompt whose length is a multiple of the block size always
 its last block. Matched blocks are pinned for the request's lifetime; `cached_tokens` is their
 token count.
 
+Holding (`hold`): a finished prefill's blocks stay pinned (a lease of their own, released like
+any other) until a decode engine has taken them over.
+
 Storing (`commit`): every full block of the request's computed tokens not yet held is stored
 and pinned, as one BlockStored event per unbroken run, preceded by one BlockRemoved event for
 what had to be evicted to make room. A block that is already cached (recomputed: the
@@ -191,6 +194,19 @@ class PrefixCache:
         self._prompt_tokens += len(prompt)
         self._hit_tokens += cached
         return Lease(hashes, matched, cached)
+
+    def hold(self, tokens: Sequence[int]) -> Lease:
+        """Pin the cached full blocks of `tokens` from block 0 (every full block, the last one
+        included) until the first miss: KV kept for a handover. No hit statistics."""
+        hashes = self.hasher.chain(tokens, self.block_size)
+        held = 0
+        for block_hash in hashes:
+            block = self._blocks.get(block_hash)
+            if block is None:
+                break
+            self._pin(block)
+            held += 1
+        return Lease(hashes, held, held * self.block_size)
 
     def commit(self, lease: Lease, tokens: Sequence[int], computed: int) -> list[KvEvent]:
         """Store and pin the full blocks of `tokens[:computed]` the lease does not hold yet."""

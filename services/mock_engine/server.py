@@ -1,10 +1,12 @@
 """Builds and runs one mock engine: the grpc.aio server, its protocol servicer and health, the
-prefix cache and its KV event publisher (ZMQ PUB and replay ROUTER when configured).
+prefix cache and its KV event publisher (ZMQ PUB and replay ROUTER when configured), the fault
+injector, and the KV transfer port of a prefill engine (SGLang bootstrap / vLLM side channel).
 
 In-process use (tests):
 
     async with start_mock_engine(MockEngineConfig(protocol="sglang", port=0)) as engine:
         channel = grpc.aio.insecure_channel(engine.target)   # engine.port is the bound port
+        engine.kv_transfer_port, engine.kv_transfers.handed_over   # disaggregation
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ from smg_grpc_proto import sglang_scheduler_pb2_grpc, vllm_engine_pb2_grpc
 from switchyard.mock_engine import sglang_servicer, vllm_servicer
 from switchyard.mock_engine.config import KV_EVENTS_HWM, EngineProtocol, MockEngineConfig
 from switchyard.mock_engine.deps import ServicerDeps
+from switchyard.mock_engine.disagg import Disaggregation
+from switchyard.mock_engine.faults import FaultInjector
 from switchyard.mock_engine.generation import MockEngine
 from switchyard.mock_engine.kv_cache import SGLANG_POLICY, VLLM_POLICY, EngineHasher, PrefixCache
 from switchyard.mock_engine.kv_events import KvEventPublisher
+from switchyard.mock_engine.kv_handover import TransferCounters
 from switchyard.mock_engine.kv_wire import WireEncoder
 from switchyard.mock_engine.kv_zmq import KvZmqTransport
 from switchyard.mock_engine.tokenizer_bundle import TokenizerBundle, served_model_config
@@ -52,6 +57,8 @@ class MockEngineServer:
         self.engine: MockEngine | None = None
         self.kv_events: KvEventPublisher | None = None
         self._zmq: KvZmqTransport | None = None
+        self.disagg: Disaggregation | None = None
+        self.faults: FaultInjector | None = None
         self.port = 0
 
     @property
@@ -71,6 +78,27 @@ class MockEngineServer:
     @property
     def kv_replay_endpoint(self) -> str | None:
         return self._zmq.bound_replay_endpoint if self._zmq is not None else None
+
+    @property
+    def kv_transfer_port(self) -> int:
+        """The bound bootstrap port (SGLang prefill) / side channel (vLLM producer); else 0."""
+        return self.disagg.port if self.disagg is not None else 0
+
+    @property
+    def kv_transfers(self) -> TransferCounters:
+        """Handovers done (prefill side) and received (decode side) since start."""
+        return self.disagg.counters if self.disagg is not None else TransferCounters()
+
+    def _build_faults(self) -> FaultInjector:
+        config = self.config
+        seed = config.fault_seed
+        return FaultInjector(
+            exit_after_tokens=config.exit_after_tokens,
+            hang_after_tokens=config.hang_after_tokens,
+            fail_unavailable=config.fail_unavailable,
+            fail_overloaded=config.fail_overloaded,
+            rng=random.Random(seed) if seed is not None else None,
+        )
 
     def _build_cache(self) -> PrefixCache:
         config = self.config
@@ -93,6 +121,7 @@ class MockEngineServer:
             encode=WireEncoder(config.kv_events_format, config.kv_hash_form),
             buffer_steps=config.kv_replay_buffer,
         )
+        faults = self._build_faults()
         engine = MockEngine(
             oracle=TokenOracle(facts.ordinary_ids, facts.eos_token_id),
             vocab_size=facts.vocab_size,
@@ -101,6 +130,7 @@ class MockEngineServer:
             timing=config.timing,
             token_text=facts.text_of,
             events=publisher,
+            faults=faults,
             rng=self._rng,
         )
         server = grpc.aio.server()
@@ -116,9 +146,16 @@ class MockEngineServer:
             skip_seqs=config.kv_skip_seqs,
             hwm=KV_EVENTS_HWM,
         )
+        disagg = Disaggregation(config, engine)
         try:
             transport.start()  # before serving: a bind failure leaves nothing running
         except OSError:
+            await server.stop(None)
+            raise
+        try:
+            await disagg.start()
+        except OSError:
+            await transport.stop()
             await server.stop(None)
             raise
         if config.protocol is EngineProtocol.SGLANG:
@@ -132,6 +169,8 @@ class MockEngineServer:
             model_config=served_model_config(facts, config.context_length),
             port=port,
             start_time=time.time(),
+            faults=faults,
+            disagg=disagg,
         )
         if config.protocol is EngineProtocol.SGLANG:
             sglang_scheduler_pb2_grpc.add_SglangSchedulerServicer_to_server(
@@ -146,19 +185,22 @@ class MockEngineServer:
         try:
             await server.start()
         except BaseException:
+            await disagg.stop()
             await transport.stop()
             raise
         for name in ("", self.service_name):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._server, self._health, self.engine, self.port = server, health_servicer, engine, port
         self.kv_events, self._zmq = publisher, transport
+        self.disagg, self.faults = disagg, faults
         logger.info(
-            "mock engine ready protocol=%s port=%d host=%s model=%s role=%s",
+            "mock engine ready protocol=%s port=%d host=%s model=%s role=%s kv_transfer_port=%d",
             config.protocol.value,
             port,
             config.host,
             config.model_name,
             config.role.value,
+            disagg.port,
         )
         return port
 
@@ -171,7 +213,11 @@ class MockEngineServer:
             await self._health.enter_graceful_shutdown()
         if self.kv_events is not None:
             self.kv_events.close()  # ends SubscribeKvEvents streams, which never end by themselves
+        if self.disagg is not None:
+            self.disagg.board.close()  # prefill calls waiting for a pickup end now
         await server.stop(grace_s)
+        if self.disagg is not None:
+            await self.disagg.stop()
         if self._zmq is not None:
             await self._zmq.stop()
         logger.info("mock engine stopped port=%d", self.port)

@@ -10,12 +10,29 @@ SamplingParams has no seed: temperature > 0 draws a per-request random salt. cac
 and complete) is the prompt prefix served from the cache. SubscribeKvEvents streams the cache's
 events (see kv_grpc); FlushCache clears the cache (AllBlocksCleared) unless requests are running.
 server_args.kv_events_config is the KVEventsConfig JSON when --kv-events-endpoint is set.
+
+Disaggregation (a request with DisaggregatedParams, on an engine in prefill or decode mode; the
+"null" mode ignores them, as does either mode without them: served aggregated):
+- prefill mode: runs the prefill and the first token (max_new_tokens 1), holds the prompt's
+  KV under bootstrap_room for a decode engine to fetch from its bootstrap port, and only then
+  answers (as SGLang's prefill finishes a request once its KV transfer is done): streaming, a
+  chunk with the first token and a complete; else one complete; finish_reason "length",
+  completion_tokens 1. No decode fetch within --bootstrap-timeout: INTERNAL, naming the room.
+- decode mode: fetches the room's KV from bootstrap_host:bootstrap_port (waiting for the
+  prefill, within --bootstrap-timeout), then decodes as usual with the prompt's whole blocks
+  counted as cached and no prefill cost. A failed transfer ends the call with INTERNAL and
+  SGLang's own "Decode transfer failed for request ... bootstrap_room=..." (its HTTP 500).
+scheduler_info carries the handover counters (kv_handed_over, kv_received, ...); server_args
+carries the bound disaggregation_bootstrap_port in prefill mode. Faults: --fail-* refuse a
+Generate call before anything else (UNAVAILABLE / RESOURCE_EXHAUSTED).
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from datetime import UTC, datetime
 
@@ -27,9 +44,15 @@ from smg_grpc_proto import sglang_scheduler_pb2_grpc as pb_grpc
 from smg_grpc_proto.generated import common_pb2
 
 from switchyard.mock_engine.config import DEFAULT_BOOTSTRAP_PORT, MAX_RUNNING_REQUESTS, Role
-from switchyard.mock_engine.deps import ServicerDeps, tokenizer_slices, unimplemented
-from switchyard.mock_engine.errors import RequestRejected
+from switchyard.mock_engine.deps import (
+    ServicerDeps,
+    refuse_if_faulted,
+    tokenizer_slices,
+    unimplemented,
+)
+from switchyard.mock_engine.errors import KvTransferFailed, RequestRejected
 from switchyard.mock_engine.kv_grpc import kv_event_stream
+from switchyard.mock_engine.kv_handover import room_key
 from switchyard.mock_engine.types import (
     Finish,
     FinishReason,
@@ -86,6 +109,7 @@ class SglangServicer(pb_grpc.SglangSchedulerServicer):
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
         request_id = request.request_id or self.engine.new_request_id()
+        await refuse_if_faulted(self.deps, context)
         try:
             if not request.HasField("tokenized"):
                 raise ValueError("Tokenized input must be provided")
@@ -93,32 +117,108 @@ class SglangServicer(pb_grpc.SglangSchedulerServicer):
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         job = GenerationRequest(request_id, tuple(request.tokenized.input_ids), spec)
-        prompt_tokens = len(job.prompt_ids)
-        output: list[int] = []
+        config = self.deps.config
+        disaggregated = request.HasField("disaggregated_params")
         try:
-            async with aclosing(self.engine.generate(job)) as steps:
-                async for step in steps:
-                    if step.finish is not None and step.finish.reason is FinishReason.ABORT:
-                        await context.abort(grpc.StatusCode.INTERNAL, "Request aborted")
-                    if request.stream:
-                        yield pb.GenerateResponse(
-                            request_id=request_id,
-                            chunk=pb.GenerateStreamChunk(
-                                token_ids=step.token_ids,
-                                prompt_tokens=prompt_tokens,
-                                completion_tokens=step.completion_tokens,
-                                cached_tokens=step.cached_tokens,
-                            ),
-                        )
-                        if step.finish is not None:
-                            yield _complete(request_id, step.token_ids, prompt_tokens, step)
-                    else:
-                        output.extend(step.token_ids)
-                        if step.finish is not None:
-                            yield _complete(request_id, output, prompt_tokens, step)
+            if disaggregated and config.kv_producer:
+                async for reply in self._prefill(request, job, context):
+                    yield reply
+                return
+            if disaggregated and config.kv_consumer:
+                job = await self._receive(request, job, context)
+            async for reply in self._serve(request, job, context):
+                yield reply
         except RequestRejected as exc:
             logger.info("rejected request_id=%s: %s", request_id, exc.reason)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.reason)
+
+    async def _serve(
+        self, request: pb.GenerateRequest, job: GenerationRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncGenerator[pb.GenerateResponse, None]:
+        request_id, prompt_tokens = job.request_id, len(job.prompt_ids)
+        output: list[int] = []
+        async with aclosing(self.engine.generate(job)) as steps:
+            async for step in steps:
+                if step.finish is not None and step.finish.reason is FinishReason.ABORT:
+                    await context.abort(grpc.StatusCode.INTERNAL, "Request aborted")
+                if request.stream:
+                    yield pb.GenerateResponse(
+                        request_id=request_id,
+                        chunk=pb.GenerateStreamChunk(
+                            token_ids=step.token_ids,
+                            prompt_tokens=prompt_tokens,
+                            completion_tokens=step.completion_tokens,
+                            cached_tokens=step.cached_tokens,
+                        ),
+                    )
+                    if step.finish is not None:
+                        yield _complete(request_id, step.token_ids, prompt_tokens, step)
+                else:
+                    output.extend(step.token_ids)
+                    if step.finish is not None:
+                        yield _complete(request_id, output, prompt_tokens, step)
+
+    async def _prefill(
+        self, request: pb.GenerateRequest, job: GenerationRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        """Prefill mode: the first token, then the KV handover, then the answer."""
+        room = request.disaggregated_params.bootstrap_room
+        sampling = job.sampling
+        first_only = dataclasses.replace(
+            sampling, max_new_tokens=1, min_new_tokens=min(sampling.min_new_tokens, 1)
+        )
+        job = dataclasses.replace(job, sampling=first_only)
+        timeout_s = self.deps.config.bootstrap_timeout_s
+        replies: list[pb.GenerateResponse] = []
+        async with aclosing(self._serve(request, job, context)) as answers:
+            async for reply in answers:
+                replies.append(reply)
+                if not reply.HasField("complete"):
+                    continue
+                # The request still holds its blocks here; the offer holds them on.
+                first = reply.complete.output_ids[-1] if reply.complete.output_ids else None
+                _, picked = self.deps.disagg.offer(
+                    room_key(room), job.prompt_ids, first_token=first, deadline_s=timeout_s
+                )
+                try:
+                    taken = await asyncio.shield(picked)
+                finally:
+                    if not picked.done():  # cancelled: the router went away
+                        self.deps.disagg.board.withdraw(room_key(room))
+                if not taken:
+                    await context.abort(
+                        grpc.StatusCode.INTERNAL,
+                        f"KV transfer failed for request {job.request_id} bootstrap_room={room}: "
+                        f"no decode engine fetched it within {timeout_s:g}s",
+                    )
+        for reply in replies:
+            yield reply
+
+    async def _receive(
+        self, request: pb.GenerateRequest, job: GenerationRequest, context: grpc.aio.ServicerContext
+    ) -> GenerationRequest:
+        """Decode mode: the room's KV from the prefill engine, or INTERNAL as SGLang fails."""
+        self.engine.validate(job)  # a bad request fails before any transfer
+        params = request.disaggregated_params
+        room = params.bootstrap_room
+        port = params.bootstrap_port or DEFAULT_BOOTSTRAP_PORT
+        try:
+            transferred = await self.deps.disagg.receive(
+                params.bootstrap_host,
+                port,
+                room_key(room),
+                job.prompt_ids,
+                request_id=job.request_id,
+                wait=True,
+            )
+        except KvTransferFailed as exc:
+            message = (
+                f"Decode transfer failed for request rank=0 decode_req.req.rid={job.request_id!r}"
+                f" decode_req.req.bootstrap_room={room} with exception {exc}"
+            )
+            logger.warning("%s", message)
+            await context.abort(grpc.StatusCode.INTERNAL, message)
+        return dataclasses.replace(job, transferred_tokens=transferred)
 
     async def Embed(
         self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext
@@ -176,7 +276,7 @@ class SglangServicer(pb_grpc.SglangSchedulerServicer):
             "max_total_tokens": config.kv_pool_tokens,
             "skip_tokenizer_init": False,
             "disaggregation_mode": mode,
-            "disaggregation_bootstrap_port": DEFAULT_BOOTSTRAP_PORT,
+            "disaggregation_bootstrap_port": self.deps.disagg.port or config.bootstrap_port,
             "kv_events_config": config.sglang_kv_events_config(),
             "dp_size": 1,
             "tp_size": 1,
@@ -196,6 +296,7 @@ class SglangServicer(pb_grpc.SglangSchedulerServicer):
                 "is_generation": True,
                 "max_total_num_tokens": deps.config.kv_pool_tokens,
                 "max_req_input_len": self.engine.max_prompt_tokens,
+                **deps.disagg.counters.as_dict(),
             }
         )
         start = Timestamp()

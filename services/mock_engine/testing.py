@@ -9,6 +9,7 @@ async with spawn_mock_engine("sglang", "--speedup", "100") as e:
 async with kv_subscriber(e.kv_events_endpoint) as sub:   # a SUB socket, connected and settled
     topic, seq, payload = await sub.recv_multipart()
 frames = await kv_replay(e.kv_replay_endpoint, start=3)  # every reply up to the end marker
+await wait_until(lambda: e.kv_transfers.handed_over == 1)  # poll a condition, with a deadline
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 import zmq
@@ -39,6 +40,7 @@ __all__ = [
     "spawn_mock_engine",
     "start_mock_engine",
     "wait_healthy",
+    "wait_until",
 ]
 
 END_SEQ = b"\xff" * 8  # the replay end marker's sequence field
@@ -49,6 +51,18 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+async def wait_until(
+    condition: Callable[[], bool], *, timeout_s: float = 10.0, interval_s: float = 0.01
+) -> None:
+    """Poll `condition` until it holds; TimeoutError after `timeout_s`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        if loop.time() >= deadline:
+            raise TimeoutError(f"condition not met within {timeout_s}s")
+        await asyncio.sleep(interval_s)
 
 
 async def wait_healthy(target: str, *, service: str = "", timeout_s: float = 30.0) -> None:

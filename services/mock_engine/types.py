@@ -30,6 +30,8 @@ class GenerationRequest:
     request_id: str
     prompt_ids: tuple[int, ...]
     sampling: SamplingSpec
+    # prompt tokens whose KV a prefill engine handed over: no prefill cost, reported as cached
+    transferred_tokens: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -11,26 +11,56 @@ engine's tokenizer. temperature unset means 1.0 (vLLM's default); seed salts sam
 cached_tokens (every chunk and the complete) is the prompt prefix served from the cache.
 SubscribeKvEvents streams the cache's events (see kv_grpc); FlushCache clears the cache
 (AllBlocksCleared) unless requests are running.
+
+Disaggregation (kv_transfer_params_json; the typed kv_transfer_params alone carries no
+handover). GetServerInfo reports kv_role kv_producer / kv_consumer for --role prefill / decode
+and kv_both for --role both with a --kv-connector; without a connector (the default for both)
+the params are ignored, as vLLM without a KV connector ignores them.
+- producer, {"do_remote_decode": true}: runs the request as usual (the router sends
+  max_tokens 1, stream off); when it ends by length, the prompt's KV stays pinned for
+  --kv-transfer-ttl and the complete carries kv_transfer_params_json {"do_remote_prefill":
+  true, "do_remote_decode": false, "remote_engine_id", "remote_request_id" (this request's
+  id), "remote_block_ids", "remote_host", "remote_port" (the side channel), "tp_size": 1} and
+  the typed kv_transfer_params {remote_host, remote_port}. Ended otherwise (EOS, stop): none,
+  as NIXL hands over only length-capped prefills.
+- consumer, {"do_remote_prefill": true, remote_host, remote_port, remote_request_id,
+  remote_block_ids, ...}: fetches that KV from the prefill's side channel, then decodes as
+  usual with the prompt's whole blocks counted as cached and no prefill cost. KV unknown,
+  expired, already taken, for another prompt, or the side channel unreachable:
+  FAILED_PRECONDITION naming the remote_request_id. remote_host/remote_port missing:
+  INVALID_ARGUMENT.
+Faults: --fail-* refuse a Generate call before anything else (UNAVAILABLE /
+RESOURCE_EXHAUSTED).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from datetime import UTC, datetime
+from typing import Any
 
 import grpc
 from smg_grpc_proto import vllm_engine_pb2 as pb
 from smg_grpc_proto import vllm_engine_pb2_grpc as pb_grpc
 from smg_grpc_proto.generated import common_pb2
 
-from switchyard.mock_engine.config import MAX_RUNNING_REQUESTS, Role
-from switchyard.mock_engine.deps import ServicerDeps, tokenizer_slices, unimplemented
-from switchyard.mock_engine.errors import RequestRejected
+from switchyard.mock_engine.config import MAX_RUNNING_REQUESTS
+from switchyard.mock_engine.deps import (
+    ServicerDeps,
+    refuse_if_faulted,
+    tokenizer_slices,
+    unimplemented,
+)
+from switchyard.mock_engine.errors import KvTransferFailed, RequestRejected
 from switchyard.mock_engine.kv_grpc import kv_event_stream
+from switchyard.mock_engine.kv_handover import request_key
 from switchyard.mock_engine.types import (
+    FinishReason,
     GenerationRequest,
     SamplingSpec,
     Step,
@@ -40,8 +70,7 @@ logger = logging.getLogger(__name__)
 
 SERVICE_NAME = "vllm.grpc.engine.VllmEngine"
 VERSION = "mock"
-KV_ROLES = {Role.BOTH: "", Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer"}
-KV_CONNECTOR = "NixlConnector"  # reported once a role is set
+TP_SIZE = 1
 
 
 def sampling_spec(params: pb.SamplingParams) -> SamplingSpec:
@@ -60,8 +89,24 @@ def sampling_spec(params: pb.SamplingParams) -> SamplingSpec:
     )
 
 
+def transfer_params(request: pb.GenerateRequest) -> dict[str, Any] | None:
+    """kv_transfer_params_json as a dict (ValueError if it is not a JSON object)."""
+    if not request.HasField("kv_transfer_params_json"):
+        return None
+    try:
+        params = json.loads(request.kv_transfer_params_json)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"Invalid kv_transfer_params_json: {exc}") from None
+    if not isinstance(params, dict):
+        raise ValueError("kv_transfer_params_json must be a JSON object")
+    return params
+
+
 def _complete(
-    output_ids: list[int] | tuple[int, ...], prompt_tokens: int, step: Step
+    output_ids: list[int] | tuple[int, ...],
+    prompt_tokens: int,
+    step: Step,
+    handover: dict[str, Any] | None = None,
 ) -> pb.GenerateResponse:
     finish = step.finish
     complete = pb.GenerateComplete(
@@ -76,6 +121,10 @@ def _complete(
             complete.matched_token_id = finish.matched_token_id
         elif finish.matched_stop_str is not None:
             complete.matched_stop_str = finish.matched_stop_str
+    if handover is not None:
+        complete.kv_transfer_params_json = json.dumps(handover)
+        complete.kv_transfer_params.remote_host = handover["remote_host"]
+        complete.kv_transfer_params.remote_port = handover["remote_port"]
     return pb.GenerateResponse(complete=complete)
 
 
@@ -95,16 +144,36 @@ class VllmServicer(pb_grpc.VllmEngineServicer):
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
         request_id = request.request_id or self.engine.new_request_id()
+        await refuse_if_faulted(self.deps, context)
         try:
             spec = sampling_spec(request.sampling_params)
+            params = transfer_params(request)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         job = GenerationRequest(request_id, await self._prompt_ids(request), spec)
+        config = self.deps.config
+        produce = consume = False
+        if params is not None:
+            produce = bool(params.get("do_remote_decode")) and config.kv_producer
+            consume = bool(params.get("do_remote_prefill")) and config.kv_consumer
+            if (params.get("do_remote_decode") or params.get("do_remote_prefill")) and not (
+                produce or consume
+            ):
+                logger.warning(
+                    "request_id=%s: kv_transfer_params ignored (kv_role %r)",
+                    request_id,
+                    config.vllm_kv_role,
+                )
         prompt_tokens = len(job.prompt_ids)
         output: list[int] = []
         try:
+            if consume and params is not None:
+                job = await self._receive(job, params, context)
             async with aclosing(self.engine.generate(job)) as steps:
                 async for step in steps:
+                    handover = None
+                    if produce and step.finish is not None:
+                        handover = self._offer(job, step)
                     if request.stream:
                         yield pb.GenerateResponse(
                             chunk=pb.GenerateStreamChunk(
@@ -115,14 +184,73 @@ class VllmServicer(pb_grpc.VllmEngineServicer):
                             )
                         )
                         if step.finish is not None:
-                            yield _complete(step.token_ids, prompt_tokens, step)
+                            yield _complete(step.token_ids, prompt_tokens, step, handover)
                     else:
                         output.extend(step.token_ids)
                         if step.finish is not None:
-                            yield _complete(output, prompt_tokens, step)
+                            yield _complete(output, prompt_tokens, step, handover)
         except RequestRejected as exc:
             logger.info("rejected request_id=%s: %s", request_id, exc.reason)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.reason)
+
+    def _offer(self, job: GenerationRequest, step: Step) -> dict[str, Any] | None:
+        """Producer: pin a length-capped prefill's prompt KV for pickup; its transfer params."""
+        if step.finish is None or step.finish.reason is not FinishReason.LENGTH:
+            return None
+        config, disagg = self.deps.config, self.deps.disagg
+        payload, _ = disagg.offer(
+            request_key(job.request_id),
+            job.prompt_ids,
+            first_token=step.token_ids[-1] if step.token_ids else None,
+            deadline_s=config.kv_transfer_ttl_s,
+            with_block_ids=True,
+        )
+        return {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_engine_id": disagg.engine_id,
+            "remote_request_id": job.request_id,
+            "remote_block_ids": list(payload.block_ids),
+            "remote_host": config.host,
+            "remote_port": disagg.port,
+            "tp_size": TP_SIZE,
+        }
+
+    async def _receive(
+        self, job: GenerationRequest, params: dict[str, Any], context: grpc.aio.ServicerContext
+    ) -> GenerationRequest:
+        """Consumer: the prompt's KV from the prefill's side channel, or FAILED_PRECONDITION."""
+        self.engine.validate(job)  # a bad request fails before any transfer
+        host, port = params.get("remote_host"), params.get("remote_port")
+        remote_id = params.get("remote_request_id") or job.request_id
+        block_ids = params.get("remote_block_ids")
+        if not isinstance(host, str) or not host or not isinstance(port, int):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "kv_transfer_params: do_remote_prefill needs remote_host and remote_port",
+            )
+        if block_ids is not None and not (
+            isinstance(block_ids, list) and all(isinstance(b, int) for b in block_ids)
+        ):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "kv_transfer_params: remote_block_ids must be a list of ints",
+            )
+        try:
+            transferred = await self.deps.disagg.receive(
+                host,
+                port,
+                request_key(str(remote_id)),
+                job.prompt_ids,
+                request_id=job.request_id,
+                wait=False,
+                block_ids=block_ids,
+            )
+        except KvTransferFailed as exc:
+            message = f"KV transfer failed for remote_request_id={remote_id}: {exc}"
+            logger.warning("request_id=%s: %s", job.request_id, message)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, message)
+        return dataclasses.replace(job, transferred_tokens=transferred)
 
     async def Embed(
         self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext
@@ -168,16 +296,16 @@ class VllmServicer(pb_grpc.VllmEngineServicer):
     ) -> pb.GetServerInfoResponse:
         deps = self.deps
         config = deps.config
-        kv_role = KV_ROLES[config.role]
+        kv_role = config.vllm_kv_role
         return pb.GetServerInfoResponse(
             active_requests=self.engine.active_requests,
             is_paused=False,
             last_receive_timestamp=self.engine.loads().last_receive_time,
             uptime_seconds=deps.uptime_s(),
             server_type="vllm-grpc",
-            kv_connector=KV_CONNECTOR if kv_role else "",
+            kv_connector=config.kv_connector or "",
             kv_role=kv_role,
-            kv_engine_id=f"mock-{config.host}-{deps.port}" if kv_role else "",
+            kv_engine_id=deps.disagg.engine_id if kv_role else "",
             data_parallel_size=1,
             kv_cache_dtype="auto",
             block_size=config.block_size,

@@ -59,6 +59,26 @@ class TestArguments:
         assert (config.kv_events_topic, config.kv_replay_topic_frame) == ("t", True)
         assert (config.kv_replay_buffer, config.kv_skip_seqs) == (50, frozenset({3, 4}))
 
+    def test_fault_and_disaggregation_flags(self) -> None:
+        args = self.parse(
+            "--protocol", "vllm", "--port", "1", "--role", "both", "--kv-connector", "Nixl",
+            "--exit-after-tokens", "7", "--hang-after-tokens", "3", "--fail-unavailable", "0.1",
+            "--fail-overloaded", "0.2", "--fault-seed", "4", "--bootstrap-port", "0",
+            "--bootstrap-timeout", "2.5", "--side-channel-port", "5600", "--kv-transfer-ttl", "9",
+        )  # fmt: skip
+        config = config_from_args(args)
+        assert (config.exit_after_tokens, config.hang_after_tokens) == (7, 3)
+        assert (config.fail_unavailable, config.fail_overloaded, config.fault_seed) == (0.1, 0.2, 4)
+        assert (config.bootstrap_port, config.bootstrap_timeout_s) == (0, 2.5)
+        assert (config.side_channel_port, config.kv_transfer_ttl_s) == (5600, 9.0)
+        assert config.vllm_kv_role == "kv_both"
+
+    def test_fault_flags_default_off(self) -> None:
+        config = config_from_args(self.parse("--protocol", "sglang", "--port", "1"))
+        assert config.exit_after_tokens is None and config.hang_after_tokens is None
+        assert (config.fail_unavailable, config.fail_overloaded) == (0.0, 0.0)
+        assert config.bootstrap_port == 8998 and config.kv_connector is None
+
     def test_kv_flag_defaults(self) -> None:
         config = config_from_args(self.parse("--protocol", "vllm", "--port", "1"))
         assert config.kv_hash_form is HashForm.UINT and config.kv_events_endpoint is None

@@ -60,6 +60,11 @@ class TestConfig:
             ("kv_replay_buffer", 0),
             ("kv_skip_seqs", "1,x"),
             ("kv_skip_seqs", "-3"),
+            ("bootstrap_port", 70000),
+            ("side_channel_port", -1),
+            ("bootstrap_timeout_s", 0.0),
+            ("kv_transfer_ttl_s", math.inf),
+            ("kv_connector", "NixlConnector"),  # a vLLM setting, refused on SGLang
         ],
     )
     def test_bad_values_raise(self, field: str, value: object) -> None:
@@ -96,3 +101,35 @@ class TestConfig:
         config = MockEngineConfig(protocol="sglang", port=5000)
         with pytest.raises(AttributeError):
             config.port = 1  # type: ignore[misc]
+
+
+class TestDisaggregationConfig:
+    def test_defaults(self) -> None:
+        config = MockEngineConfig(protocol="sglang", port=1)
+        assert (config.bootstrap_port, config.bootstrap_timeout_s) == (8998, 10.0)
+        assert (config.side_channel_port, config.kv_transfer_ttl_s) == (0, 30.0)
+        assert not config.kv_producer and not config.kv_consumer
+
+    @pytest.mark.parametrize(
+        ("role", "connector", "kv_role", "producer", "consumer"),
+        [
+            ("prefill", None, "kv_producer", True, False),
+            ("decode", None, "kv_consumer", False, True),
+            ("both", None, "", False, False),
+            ("both", "NixlConnector", "kv_both", True, True),
+        ],
+    )
+    def test_vllm_roles(
+        self, role: str, connector: str | None, kv_role: str, producer: bool, consumer: bool
+    ) -> None:
+        config = MockEngineConfig(protocol="vllm", port=1, role=role, kv_connector=connector)
+        assert config.vllm_kv_role == kv_role
+        assert (config.kv_producer, config.kv_consumer) == (producer, consumer)
+        if kv_role:
+            assert config.kv_connector == "NixlConnector"
+
+    def test_sglang_roles(self) -> None:
+        prefill = MockEngineConfig(protocol="sglang", port=1, role="prefill")
+        decode = MockEngineConfig(protocol="sglang", port=1, role="decode")
+        assert prefill.kv_producer and not prefill.kv_consumer
+        assert decode.kv_consumer and not decode.kv_producer

@@ -306,3 +306,26 @@ class TestKvCache:
             assert not engine.flush_cache()
         assert engine.flush_cache()
         assert sink.events[-1] == AllBlocksCleared() and engine.cache.cached_blocks == 0
+
+
+class TestTransferredPrompt:
+    async def test_counted_as_cached_without_prefill_cost(self, facts: TokenizerFacts) -> None:
+        engine = make_engine(facts)
+        engine.timing = Timing(prefill_base_s=1000.0, ttft_s=1000.0)  # a prefill would stall
+        prompt = tuple(range(100, 140))
+        request = GenerationRequest("d", prompt, SamplingSpec(max_new_tokens=3), 32)
+
+        async def run() -> list[Step]:
+            async with aclosing(engine.generate(request)) as steps:
+                return [step async for step in steps]
+
+        steps = await asyncio.wait_for(run(), 10.0)
+        assert {step.cached_tokens for step in steps} == {32}
+        reference = await steps_of(make_engine(facts), prompt=prompt, max_new_tokens=3)
+        assert tokens(steps) == tokens(reference)  # the same tokens as aggregated
+        assert engine.cache.cached_blocks == 2  # the transferred blocks are stored locally
+
+    async def test_more_than_the_prompt_is_rejected(self, facts: TokenizerFacts) -> None:
+        request = GenerationRequest("d", PROMPT, SamplingSpec(), len(PROMPT) + 1)
+        with pytest.raises(RequestRejected):
+            await anext(aiter(make_engine(facts).generate(request)))

@@ -220,3 +220,23 @@ class TestEviction:
                             live.discard(h)
             assert cache.used_blocks <= 8 and cache.pinned_blocks == 0
         assert live == {h for h in live if h in cache}
+
+
+class TestHold:
+    def test_hold_pins_every_full_block_until_released(self) -> None:
+        cache = make_cache()
+        prompt = seq(100, 8)  # two full blocks: `begin` would match only the first
+        finish(cache, prompt)
+        assert cache.pinned_blocks == 0
+        lease = cache.hold(prompt)
+        assert (lease.held, lease.cached_tokens, cache.pinned_blocks) == (2, 8, 2)
+        assert cache.hit_rate == 0.0  # no statistics for a hold
+        cache.release(lease)
+        assert cache.pinned_blocks == 0
+
+    def test_hold_stops_at_the_first_miss(self) -> None:
+        cache = make_cache()
+        finish(cache, seq(100, 5))
+        lease = cache.hold(seq(100, 12))
+        assert lease.held == 1 and cache.pinned_blocks == 1
+        cache.release(lease)
