@@ -34,7 +34,9 @@ clean:
 	rm -rf $(VENV) build *.egg-info
 
 bench: $(STAMP)
+	$(BIN)/pip install --quiet -e ".[dev,bench]"
 	$(BIN)/python bench/baseline.py
 	$(BIN)/python bench/kv_routing.py
 	$(BIN)/python bench/kv_ingest.py
 	$(BIN)/python bench/route_decision.py
+	$(BIN)/python bench/load.py
