@@ -40,3 +40,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/kv_ingest.py
 	$(BIN)/python bench/route_decision.py
 	$(BIN)/python bench/load.py
+	$(BIN)/python bench/faults.py
