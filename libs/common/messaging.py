@@ -82,7 +82,7 @@ class DealerClient:
         return True
 
     async def send(self, message: Any) -> None:
-        await self._sock.send(encode(message), copy=False)
+        await self._sock.send(encode(message))
 
     def handle(self, reply: Any) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -107,9 +107,9 @@ class DealerClient:
         decode = self._decoder.decode
         recv = self._sock.recv
         while True:
-            frame = await recv(copy=False)
+            frame = await recv()  # copying small messages beats zero-copy Frames
             try:
-                reply = decode(frame.buffer)
+                reply = decode(frame)
             except msgspec.DecodeError:
                 log.warning("undecodable reply from %s", self.endpoint)
                 continue

@@ -67,10 +67,10 @@ class DispatcherService:
     async def _serve(self, sock: zmq.asyncio.Socket) -> None:
         decode = codec.dispatcher_request.decode
         while True:
-            identity, payload = await sock.recv_multipart(copy=False)
-            peer = identity.bytes
+            identity, payload = await sock.recv_multipart()
+            peer = identity
             try:
-                message = decode(payload.buffer)
+                message = decode(payload)
             except msgspec.DecodeError:
                 log.warning("undecodable dispatcher request")
                 continue
@@ -87,7 +87,7 @@ class DispatcherService:
 
         async def send(reply: object) -> None:
             try:
-                await sock.send_multipart([peer, encode(reply)], copy=False)
+                await sock.send_multipart([peer, encode(reply)])
             except zmq.ZMQError:  # the preprocessor went away: stop generating for it
                 task = self._tasks.get(key)
                 if task is not None:

@@ -87,9 +87,9 @@ class RouterService:
         clock = time.perf_counter
         mode = core.policy.name
         while True:
-            identity, payload = await sock.recv_multipart(copy=False)
+            identity, payload = await sock.recv_multipart()
             try:
-                message = decode(payload.buffer)
+                message = decode(payload)
             except msgspec.DecodeError:
                 log.warning("undecodable router request")
                 continue
