@@ -38,6 +38,9 @@ class Instance(msgspec.Struct, frozen=True, kw_only=True):
     kv_events_endpoint: str | None = None
     kv_replay_endpoint: str | None = None
     max_running_requests: int = 0  # 0 when the engine does not say
+    # False when the engine cannot serve a prompt it has to prefill itself (SGLang decode
+    # mode, vLLM kv_consumer): the router then never skips the prefill hop for it.
+    local_prefill: bool = True
 
 
 # ---- fleet -------------------------------------------------------------------------------
@@ -114,6 +117,7 @@ class WorkerScore(msgspec.Struct, frozen=True, kw_only=True):
     active_blocks: int
     prefill_blocks: int  # blocks this request would prefill there + prefills already queued
     cost: float
+    role: str = ""  # the candidate's role; "prefill" rows are the prefill hop's candidates
 
 
 class RouteResponse(msgspec.Struct, frozen=True, kw_only=True, tag="routed"):
@@ -124,6 +128,9 @@ class RouteResponse(msgspec.Struct, frozen=True, kw_only=True, tag="routed"):
     prompt_blocks: int = 0
     policy: str = ""
     workers: list[WorkerScore] = []  # filled for dry runs
+    # Disaggregation: the prefill worker for the prefill hop; None: no hop (aggregated, or the
+    # decode worker prefills locally because little of the prompt is uncached there).
+    prefill_instance_id: int | None = None
 
 
 # RouteProgress stages: the router frees its load bookkeeping with them.
@@ -169,11 +176,22 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     ignore_eos: bool = False
 
 
+class DisaggParams(msgspec.Struct, frozen=True, kw_only=True):
+    """SGLang DisaggregatedParams: the same values go to the prefill and the decode engine."""
+
+    bootstrap_host: str
+    bootstrap_port: int
+    bootstrap_room: int
+
+
 class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True, tag="generate"):
     request_id: str
     instance_id: int
     token_ids: list[int]
     sampling: SamplingParams
+    disagg: DisaggParams | None = None  # SGLang disaggregation
+    kv_transfer_params_json: str | None = None  # vLLM disaggregation (sent unchanged)
+    stream: bool = True  # False: the engine answers with one final message (vLLM prefill leg)
 
 
 class CancelRequest(msgspec.Struct, frozen=True, tag="cancel"):
@@ -194,6 +212,7 @@ class GenerateFinished(msgspec.Struct, frozen=True, kw_only=True, array_like=Tru
     completion_tokens: int
     cached_tokens: int = 0
     matched_token_id: int | None = None
+    kv_transfer_params_json: str | None = None  # vLLM prefill leg: the decode leg's params
 
 
 class GenerateFailed(msgspec.Struct, frozen=True, kw_only=True, array_like=True, tag="x"):

@@ -47,6 +47,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated protocols of mock engines to start, e.g. sglang,vllm",
     )
     parser.add_argument(
+        "--mock-prefill",
+        type=_protocol_list,
+        default=[],
+        help="protocols of prefill-role mock engines to start (listed with --prefill), "
+        "e.g. sglang,vllm",
+    )
+    parser.add_argument(
+        "--mock-decode",
+        type=_protocol_list,
+        default=[],
+        help="protocols of decode-role mock engines to start (they only decode transferred KV)",
+    )
+    parser.add_argument(
         "--worker",
         action="append",
         default=[],
@@ -101,7 +114,11 @@ def build_stack(args: argparse.Namespace) -> tuple[list[ChildSpec], list[str]]:
     log_level = ["--log-level", args.log_level]
     specs: list[ChildSpec] = []
     workers = list(args.worker)
-    for index, protocol in enumerate(args.mock_engines):
+    prefill = list(args.prefill)
+    mocks = [(p, None) for p in args.mock_engines]
+    mocks += [(p, "prefill") for p in getattr(args, "mock_prefill", [])]
+    mocks += [(p, "decode") for p in getattr(args, "mock_decode", [])]
+    for index, (protocol, role) in enumerate(mocks):
         port = free_port()
         events = f"tcp://127.0.0.1:{free_port()}"
         replay = f"tcp://127.0.0.1:{free_port()}"
@@ -109,14 +126,22 @@ def build_stack(args: argparse.Namespace) -> tuple[list[ChildSpec], list[str]]:
         # (vLLM engines do not advertise it; SGLang ones do, and this agrees).
         workers.append(f"grpc://127.0.0.1:{port}?kv_events={events}&kv_replay={replay}")
         engine = ["mock-engine", "--protocol", protocol, "--port", str(port)]
+        if role is not None:
+            engine += ["--role", role]
+        if role == "prefill":
+            prefill.append(f"grpc://127.0.0.1:{port}")
+            if protocol == "sglang":
+                engine += ["--bootstrap-port", "0"]
         engine += ["--model-name", args.model_name, "--speedup", str(args.mock_speedup)]
         engine += ["--ttft-ms", str(args.mock_ttft_ms), "--itl-ms", str(args.mock_itl_ms)]
         engine += ["--kv-events-endpoint", events, "--kv-replay-endpoint", replay]
-        specs.append(
-            ChildSpec(f"mock-engine-{index}-{protocol}", py + engine + args.mock_arg + log_level)
-        )
+        name = f"mock-engine-{index}-{protocol}" + (f"-{role}" if role else "")
+        specs.append(ChildSpec(name, py + engine + args.mock_arg + log_level))
     if not workers and not args.workers_file:
-        raise SystemExit("switchyard up: give --mock-engines, --worker or --workers-file")
+        raise SystemExit(
+            "switchyard up: give --mock-engines / --mock-prefill / --mock-decode, --worker or "
+            "--workers-file"
+        )
     fleet_control = f"tcp://127.0.0.1:{free_port()}"
     fleet_events = f"tcp://127.0.0.1:{free_port()}"
     routers = [f"tcp://127.0.0.1:{free_port()}" for _ in range(args.routers)]
@@ -125,7 +150,7 @@ def build_stack(args: argparse.Namespace) -> tuple[list[ChildSpec], list[str]]:
     fleet_cmd = py + ["fleet", "--control", fleet_control, "--events", fleet_events, *log_level]
     for url in workers:
         fleet_cmd += ["--worker", url]
-    for url in args.prefill:
+    for url in prefill:
         fleet_cmd += ["--prefill", url]
     if args.workers_file:
         fleet_cmd += ["--workers-file", args.workers_file]

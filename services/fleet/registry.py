@@ -58,6 +58,7 @@ def build_instance(spec: WorkerSpec, info: EngineInfo, any_listed_prefill: bool)
         kv_replay_endpoint=spec.kv_replay
         or connectable_endpoint(info.kv_replay_endpoint, spec.url),
         max_running_requests=info.max_running_requests,
+        local_prefill=info.local_prefill,
     )
 
 

@@ -228,10 +228,18 @@ async def _debug_route(state: PreprocessorState, body: bytes) -> Response:
                     "instance_id": reply.instance_id,
                     "url": chosen_instance.url if chosen_instance else None,
                 },
+                "prefill": _instance_ref(state, reply.prefill_instance_id),
                 "workers": [msgspec.structs.asdict(w) for w in workers],
             }
         )
     )
+
+
+def _instance_ref(state: PreprocessorState, instance_id: int | None) -> dict | None:
+    if instance_id is None:
+        return None
+    instance = state.fleet.instances.get(instance_id)
+    return {"instance_id": instance_id, "url": instance.url if instance else None}
 
 
 async def _serve(

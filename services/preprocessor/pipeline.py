@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
 import msgspec
@@ -23,6 +23,7 @@ from switchyard.preprocessor.dispatcher_client import (
     GenerationStream,
     NoDispatcher,
 )
+from switchyard.preprocessor.prefill_hop import HopStream, open_hop, supported
 from switchyard.preprocessor.router_client import FALLBACK_POLICY, RouterClient
 from switchyard.protos.messages import (
     STAGE_FINISHED,
@@ -30,7 +31,9 @@ from switchyard.protos.messages import (
     GenerateFailed,
     GenerateFinished,
     GenerateRequest,
+    Instance,
     RouteRequest,
+    RouteResponse,
     SamplingParams,
     TokenDelta,
 )
@@ -67,6 +70,8 @@ class Pipeline:
         busy_seconds: float = 1.0,
         on_migration: Callable[[str], None] | None = None,
         on_router_fallback: Callable[[], None] | None = None,
+        instances: Callable[[], Mapping[int, Instance]] | None = None,
+        hop_attempts: int = 2,
     ) -> None:
         self.router = router
         self.dispatcher = dispatcher
@@ -76,8 +81,27 @@ class Pipeline:
         self.busy_seconds = busy_seconds
         self.on_migration = on_migration
         self.on_router_fallback = on_router_fallback
+        # Fleet's instances (protocol, URL, bootstrap port of the prefill hop's engines).
+        self.instances: Callable[[], Mapping[int, Instance]] = instances or dict
+        self.hop_attempts = hop_attempts  # the prefill hop: first try + one retry
 
-    async def _route(self, inp: GenerationInput, exclude: list[int]) -> int:
+    def _hop_pair(self, reply: RouteResponse) -> tuple[Instance, Instance] | None:
+        if reply.prefill_instance_id is None or reply.instance_id is None:
+            return None
+        known = self.instances()
+        prefill = known.get(reply.prefill_instance_id)
+        decode = known.get(reply.instance_id)
+        if prefill is None or decode is None or not supported(prefill, decode):
+            log.warning(
+                "request_id=%s: no prefill hop from instance %d to %d (unknown or unsupported)",
+                reply.request_id,
+                reply.prefill_instance_id,
+                reply.instance_id,
+            )
+            return None
+        return prefill, decode
+
+    async def _route(self, inp: GenerationInput, exclude: list[int]) -> RouteResponse:
         reply = await self.router.route(
             RouteRequest(
                 request_id=inp.request_id,
@@ -91,7 +115,7 @@ class Pipeline:
             self.on_router_fallback()
         if reply.instance_id is None:
             raise NoWorker(reply.error, f"no engine available for model {inp.model!r}", inp.model)
-        return reply.instance_id
+        return reply
 
     async def _open(self, request: GenerateRequest) -> GenerationStream:
         try:
@@ -107,8 +131,21 @@ class Pipeline:
         exclude: list[int] = []
         sampling = inp.sampling
         failure: GenerateFailed | None = None
+        hops = 0
         for attempt in range(self.migration_limit + 1):
-            instance_id = await self._route(inp, exclude)
+            routed = await self._route(inp, exclude)
+            instance_id = routed.instance_id
+            assert instance_id is not None
+            # The prefill hop only before any token (a later migration resends the prompt and
+            # the tokens so far to one worker, as without disaggregation).
+            pair = self._hop_pair(routed) if not generated else None
+            if pair is not None and hops >= self.hop_attempts:
+                assert failure is not None
+                raise EngineError(
+                    failure.kind,
+                    f"the prefill hop failed {hops} times: {failure.message}",
+                    failure.instance_id,
+                )
             attempt_id = inp.request_id if attempt == 0 else f"{inp.request_id}.m{attempt}"
             request = GenerateRequest(
                 request_id=attempt_id,
@@ -123,7 +160,12 @@ class Pipeline:
             failure = None
             engine_done = False  # the dispatcher sent its last reply for this attempt
             first = True
-            stream = await self._open(request)
+            stream: GenerationStream | HopStream
+            if pair is not None:
+                hops += 1
+                stream = await open_hop(self._open, request, *pair, self.idle_timeout)
+            else:
+                stream = await self._open(request)
             try:
                 get = stream.queue.get
                 while True:
@@ -167,14 +209,14 @@ class Pipeline:
             if failure.kind not in errors.MIGRATABLE:
                 raise EngineError(failure.kind, failure.message, failure.instance_id)
             if failure.kind == errors.OVERLOADED:
-                await self.router.busy(instance_id, self.busy_seconds)
+                await self.router.busy(failure.instance_id, self.busy_seconds)
             if failure.engine_fault:
-                exclude.append(instance_id)
+                exclude.append(failure.instance_id)
             if attempt < self.migration_limit:
                 log.warning(
                     "migrating request_id=%s from instance_id=%d kind=%s after %d tokens: %s",
                     inp.request_id,
-                    instance_id,
+                    failure.instance_id,
                     failure.kind,
                     len(generated),
                     failure.message,

@@ -46,6 +46,7 @@ class LocalFallback:
             for i in self._instances().values()
             if i.model == request.model
             and i.role != ROLE_PREFILL
+            and i.local_prefill  # no prefill hop here: the engine must prefill itself
             and i.instance_id not in request.exclude
         )
         if not candidates:

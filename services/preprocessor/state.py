@@ -65,6 +65,7 @@ class PreprocessorState:
             migration_limit=cfg.migration_limit,
             on_migration=lambda kind: self.metrics.migrations.labels(kind).inc(),
             on_router_fallback=self.metrics.router_fallback.inc,
+            instances=lambda: self.fleet.instances,
         )
         self._tasks: list[asyncio.Task[None]] = []
 

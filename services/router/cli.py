@@ -9,7 +9,7 @@ from switchyard.common import endpoints
 from switchyard.common.logs import setup_logging
 from switchyard.common.metrics import add_metrics_arguments, serve_metrics
 from switchyard.common.runner import run_until_signal
-from switchyard.router.core import RouterCore
+from switchyard.router.core import DEFAULT_DISAGG_MIN_UNCACHED_TOKENS, RouterCore
 from switchyard.router.load import InFlightTracker
 from switchyard.router.policies import MODES, KvParams, build_policy
 from switchyard.router.service import RouterService
@@ -33,6 +33,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="0: always the cheapest worker; >0: softmax sampling over costs",
     )
     parser.add_argument(
+        "--disagg-min-uncached-tokens",
+        type=int,
+        default=DEFAULT_DISAGG_MIN_UNCACHED_TOKENS,
+        help="skip the prefill hop when a decode engine that can prefill has fewer uncached "
+        "prompt tokens than this (default %(default)s; a chosen default, not measured)",
+    )
+    parser.add_argument(
         "--request-ttl",
         type=float,
         default=600.0,
@@ -48,7 +55,9 @@ def run(args: argparse.Namespace) -> int:
 
     async def main(stop: asyncio.Event) -> None:
         core = RouterCore(
-            build_policy(args.router_mode, kv_params=kv_params), InFlightTracker(args.request_ttl)
+            build_policy(args.router_mode, kv_params=kv_params),
+            InFlightTracker(args.request_ttl),
+            disagg_min_uncached_tokens=args.disagg_min_uncached_tokens,
         )
         service = RouterService(core, args.bind, args.fleet_control, args.fleet_events)
         serve_metrics(service.metrics.registry, args.metrics_host, args.metrics_port)

@@ -29,6 +29,13 @@ from switchyard.router.types import Decision, Policy, RouteContext, WorkerView
 log = logging.getLogger(__name__)
 
 NO_WORKER = "no_worker"
+# Disaggregation: a request whose uncached prompt on the chosen decode worker is shorter than
+# this prefills there (no hop). A default, not measured: 256 tokens is where a prefill's
+# compute starts to outweigh the hop's cost (a second engine call plus a KV transfer, a few
+# ms) on typical GPUs, and it is the order of magnitude llm-d ships for its threshold.
+DEFAULT_DISAGG_MIN_UNCACHED_TOKENS = 256
+# The prefill hop's load booking lives under the request id with this suffix.
+PREFILL_BOOKING = "#prefill"
 ALL_BUSY = "all_busy"
 UNKNOWN_MODEL = "unknown_model"
 
@@ -48,7 +55,11 @@ class RouterCore:
         tracker: InFlightTracker | None = None,
         index: KvIndex | None = None,
         predicted: PredictedPrefixes | None = None,
+        disagg_min_uncached_tokens: int = DEFAULT_DISAGG_MIN_UNCACHED_TOKENS,
     ) -> None:
+        if disagg_min_uncached_tokens < 0:
+            raise ValueError("--disagg-min-uncached-tokens must be >= 0")
+        self.disagg_min_uncached_tokens = disagg_min_uncached_tokens
         self.policy = policy
         self.tracker = tracker or InFlightTracker()
         self.index = index or KvIndex()
@@ -68,12 +79,21 @@ class RouterCore:
         if self._busy:
             self.expire_busy(now)
         exclude = frozenset(request.exclude)
-        instances = [
+        same_model = [
             i
             for i in self._instances.values()
-            # Prefill-only engines take the prefill hop, never a whole request.
-            if i.model == request.model and i.role != ROLE_PREFILL and i.instance_id not in exclude
+            if i.model == request.model and i.instance_id not in exclude
         ]
+        # Prefill-only engines take the prefill hop, never a whole request.
+        instances = [i for i in same_model if i.role != ROLE_PREFILL]
+        prefills = [
+            i
+            for i in same_model
+            if i.role == ROLE_PREFILL and self._busy.get(i.instance_id, 0.0) <= now
+        ]
+        # A decode-only engine needs a prefill engine of its protocol to hand it the KV.
+        hop_protocols = {i.protocol for i in prefills}
+        instances = [i for i in instances if i.local_prefill or i.protocol in hop_protocols]
         if instances and self._busy:
             idle = [i for i in instances if self._busy.get(i.instance_id, 0.0) <= now]
             if not idle:
@@ -92,6 +112,23 @@ class RouterCore:
         ctx = RouteContext(request.request_id, request.model, request.token_ids, prompt_blocks)
         decision = self.policy.pick(candidates, ctx)
         chosen = decision.chosen
+        hop: WorkerView | None = None
+        prefill_views: list[WorkerView] = []
+        prefill_costs: dict[int, float] = {}
+        chosen_protocol = self._instances[chosen.instance_id].protocol
+        # The KV moves between engines of one protocol only.
+        prefills = [i for i in prefills if i.protocol == chosen_protocol]
+        needs_hop = bool(prefills) and self._needs_hop(chosen, request.token_ids)
+        # Dry runs list the prefill candidates even when this request skips the hop.
+        if needs_hop or (prefills and request.dry_run):
+            prefill_views, p_blocks, p_hashes = self._candidates(prefills, request.token_ids, now)
+            for size, values in p_hashes.items():
+                hashes.setdefault(size, values)
+            prompt_blocks = max(prompt_blocks, p_blocks)
+            ctx = RouteContext(request.request_id, request.model, request.token_ids, prompt_blocks)
+            hop, prefill_costs = self._pick_prefill(prefill_views, ctx)
+            if not needs_hop:
+                hop = None
         if not request.dry_run:
             chosen_size = self._instances[chosen.instance_id].block_size
             self.predicted.add(chosen.instance_id, hashes.get(chosen_size, ()), now)
@@ -99,9 +136,21 @@ class RouterCore:
                 request.request_id,
                 chosen.instance_id,
                 now,
-                prefill_blocks=prompt_blocks - chosen.overlap_blocks,
+                # With a hop the decode worker receives the prompt's KV: nothing to prefill.
+                prefill_blocks=0 if hop else prompt_blocks - chosen.overlap_blocks,
                 blocks=prompt_blocks,
             )
+            if hop is not None:
+                hop_size = self._instances[hop.instance_id].block_size
+                self.predicted.add(hop.instance_id, hashes.get(hop_size, ()), now)
+                # Freed at the request's first token (the prefill is done by then).
+                self.tracker.add(
+                    request.request_id + PREFILL_BOOKING,
+                    hop.instance_id,
+                    now,
+                    prefill_blocks=prompt_blocks - hop.overlap_blocks,
+                    blocks=prompt_blocks,
+                )
         log.debug(
             "route request_id=%s instance_id=%d policy=%s overlap=%d/%d",
             request.request_id,
@@ -119,9 +168,11 @@ class RouterCore:
                     in_flight=w.in_flight,
                     active_blocks=w.active_blocks,
                     prefill_blocks=prompt_blocks - w.overlap_blocks + w.pending_prefill_blocks,
-                    cost=decision.costs.get(w.instance_id, 0.0),
+                    cost=costs.get(w.instance_id, 0.0),
+                    role=w.role,
                 )
-                for w in candidates
+                for w, costs in [(w, decision.costs) for w in candidates]
+                + [(w, prefill_costs) for w in prefill_views]
             ]
             if request.dry_run
             else []
@@ -133,8 +184,31 @@ class RouterCore:
             prompt_blocks=prompt_blocks,
             policy=self.policy.name,
             workers=workers,
+            prefill_instance_id=hop.instance_id if hop is not None else None,
         )
         return Routed(response, decision)
+
+    def _needs_hop(self, chosen: WorkerView, token_ids: list[int]) -> bool:
+        """False when the decode worker can prefill this prompt itself and little of it is
+        uncached there (the hop would cost more than it saves)."""
+        inst = self._instances[chosen.instance_id]
+        if not inst.local_prefill:
+            return True
+        uncached = len(token_ids) - chosen.overlap_blocks * inst.block_size
+        return uncached >= self.disagg_min_uncached_tokens
+
+    def _pick_prefill(
+        self, views: list[WorkerView], ctx: RouteContext
+    ) -> tuple[WorkerView, dict[int, float]]:
+        """The prefill worker: the KV policy's cost (overlap + queued prefill) when the policy
+        uses overlap, else the fewest in flight. Ties: fewest in flight, then lowest id."""
+        cost = getattr(self.policy, "cost", None)
+        if self.policy.needs_overlap and callable(cost):
+            costs = {w.instance_id: float(cost(w, ctx)) for w in views}
+        else:
+            costs = {w.instance_id: float(w.in_flight) for w in views}
+        best = min(views, key=lambda w: (costs[w.instance_id], w.in_flight, w.instance_id))
+        return best, costs
 
     def _candidates(
         self, instances: list[Instance], token_ids: list[int], now: float
@@ -187,5 +261,7 @@ class RouterCore:
     def progress(self, notice: RouteProgress) -> None:
         if notice.stage == STAGE_FIRST_TOKEN:
             self.tracker.first_token(notice.request_id)
+            self.tracker.finish(notice.request_id + PREFILL_BOOKING)
         elif notice.stage == STAGE_FINISHED:
             self.tracker.finish(notice.request_id)
+            self.tracker.finish(notice.request_id + PREFILL_BOOKING)

@@ -43,6 +43,7 @@ class EngineInfo:
     kv_replay_endpoint: str | None = None
     max_running_requests: int = 0
     tokenizer_path: str = ""
+    local_prefill: bool = True  # False: the engine only decodes transferred KV
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,7 @@ class SglangClient(EngineClient):
             context_length=context_length,
             block_size=int(args.get("page_size") or 1),
             role=role,
+            local_prefill=role != ROLE_DECODE,  # decode mode only takes transferred KV
             bootstrap_port=int(bootstrap) if role == ROLE_PREFILL and bootstrap else None,
             kv_events_endpoint=_kv_events_endpoint(args.get("kv_events_config")),
             kv_replay_endpoint=_kv_events_endpoint(args.get("kv_events_config"), "replay_endpoint"),
@@ -102,7 +103,7 @@ class SglangClient(EngineClient):
     @staticmethod
     def build_request(request: GenerateRequest) -> pb.GenerateRequest:
         s = request.sampling
-        return pb.GenerateRequest(
+        built = pb.GenerateRequest(
             request_id=request.request_id,
             tokenized=pb.TokenizedInput(input_ids=request.token_ids),
             sampling_params=pb.SamplingParams(
@@ -121,8 +122,18 @@ class SglangClient(EngineClient):
                 spaces_between_special_tokens=True,
                 n=1,
             ),
-            stream=True,
+            stream=request.stream,
         )
+        if request.disagg is not None:
+            d = request.disagg
+            built.disaggregated_params.CopyFrom(
+                pb.DisaggregatedParams(
+                    bootstrap_host=d.bootstrap_host,
+                    bootstrap_port=d.bootstrap_port,
+                    bootstrap_room=d.bootstrap_room,
+                )
+            )
+        return built
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
         request_id = request.request_id
@@ -136,6 +147,8 @@ class SglangClient(EngineClient):
                 elif reply.HasField("complete"):
                     done = reply.complete
                     matched = done.matched_token_id if done.HasField("matched_token_id") else None
+                    if not request.stream and done.output_ids:
+                        yield TokenDelta(request_id, list(done.output_ids))
                     yield GenerateFinished(
                         request_id=request_id,
                         finish_reason=done.finish_reason or "stop",

@@ -59,6 +59,7 @@ class VllmClient(EngineClient):
             context_length=int(model.max_context_length),  # max_model_len
             block_size=int(server.block_size or 16),
             role=_ROLES.get(server.kv_role),
+            local_prefill=server.kv_role != "kv_consumer",  # a consumer only takes remote KV
             max_running_requests=int(server.max_num_seqs or 0),
             tokenizer_path=model.tokenizer_path,
         )
@@ -96,12 +97,15 @@ class VllmClient(EngineClient):
         )
         if s.seed is not None:
             params.seed = s.seed
-        return pb.GenerateRequest(
+        built = pb.GenerateRequest(
             request_id=request.request_id,
             tokenized=pb.TokenizedInput(input_ids=request.token_ids),
             sampling_params=params,
-            stream=True,
+            stream=request.stream,
         )
+        if request.kv_transfer_params_json is not None:
+            built.kv_transfer_params_json = request.kv_transfer_params_json
+        return built
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
         request_id = request.request_id
@@ -117,6 +121,10 @@ class VllmClient(EngineClient):
                 elif reply.HasField("complete"):
                     done = reply.complete
                     matched = done.matched_token_id if done.HasField("matched_token_id") else None
+                    if not request.stream and done.output_ids:
+                        # Non-streaming: the single complete carries every output id.
+                        generated += len(done.output_ids)
+                        yield TokenDelta(request_id, list(done.output_ids))
                     yield GenerateFinished(
                         request_id=request_id,
                         finish_reason=done.finish_reason or "stop",
@@ -124,6 +132,7 @@ class VllmClient(EngineClient):
                         completion_tokens=generated,
                         cached_tokens=done.cached_tokens,
                         matched_token_id=matched,
+                        kv_transfer_params_json=done.kv_transfer_params_json or None,
                     )
                     return
         except grpc.aio.AioRpcError as exc:

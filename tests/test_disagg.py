@@ -1,0 +1,225 @@
+"""Disaggregated prefill/decode end to end: real mock engines in prefill and decode roles.
+
+For each protocol, 1 prefill + 2 decode engines: chat outputs match an aggregated run of the
+same prompts token for token, every prompt's KV is handed over by the prefill engine and
+received by a decode engine (their INFO log lines), and a killed prefill engine ends every
+request cleanly (a fallback or an HTTP error) within a bounded time, never a hung stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+from e2e_stack import Processes, free_port, running_stack, wait_until
+
+MODEL = "deepseek-mock"
+PROMPTS = [
+    "Describe a shunting yard in one paragraph.",
+    "What does a railway switch do?",
+    "List three kinds of freight cars and why they exist.",
+]
+MAX_TOKENS = 24
+
+
+def body(content: str) -> dict:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+    }
+
+
+def chat(base: str, content: str, timeout: float = 30.0) -> httpx.Response:
+    return httpx.post(base + "/v1/chat/completions", json=body(content), timeout=timeout)
+
+
+def text_of(reply: httpx.Response) -> str:
+    assert reply.status_code == 200, reply.text
+    return reply.json()["choices"][0]["message"]["content"]
+
+
+@pytest.fixture(scope="module")
+def aggregated_texts() -> dict[str, str]:
+    """The same prompts through one plain (aggregated) engine."""
+    with running_stack("--mock-engines", "sglang") as stack:
+        return {p: text_of(chat(stack.base_url, p)) for p in PROMPTS}
+
+
+@dataclass
+class DisaggStack:
+    procs: Processes
+    base: str
+    engines: list[str]  # process names: the prefill engine first
+
+    def dry_route(self) -> dict:
+        try:
+            reply = httpx.post(self.base + "/debug/route", json={"model": MODEL, "prompt": "x"})
+        except httpx.HTTPError:
+            return {}
+        return reply.json() if reply.status_code == 200 else {}
+
+
+@contextlib.contextmanager
+def disagg_stack(
+    protocol: str,
+    engine_args: list[list[str]],
+    listed_prefill: tuple[int, ...] = (),
+    idle_timeout: float = 5.0,
+) -> Iterator[DisaggStack]:
+    """Engines in order (the first is the prefill one); `listed_prefill`: indexes given to
+    fleet's --prefill."""
+    control, events = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
+    fleet_flags = ["--fleet-control", control, "--fleet-events", events]
+    http = free_port()
+    with Processes() as procs:
+        workers: list[str] = []
+        names = []
+        for n, extra in enumerate(engine_args):
+            port = free_port()
+            name = f"engine-{n}"
+            procs.start(
+                name,
+                "mock-engine",
+                "--protocol",
+                protocol,
+                "--port",
+                str(port),
+                "--ttft-ms",
+                "5",
+                "--itl-ms",
+                "2",
+                "--bootstrap-timeout",
+                "5",
+                *extra,
+            )
+            names.append(name)
+            workers += ["--worker", f"grpc://127.0.0.1:{port}"]
+            if n in listed_prefill:
+                workers += ["--prefill", f"grpc://127.0.0.1:{port}"]
+        procs.start(
+            "fleet", "fleet", "--control", control, "--events", events, "--probe-interval", "0.5",
+            *workers,
+        )  # fmt: skip
+        router = f"tcp://127.0.0.1:{free_port()}"
+        procs.start("router", "router", "--bind", router, *fleet_flags)
+        dispatcher = f"tcp://127.0.0.1:{free_port()}"
+        procs.start("dispatcher", "dispatcher", "--bind", dispatcher, *fleet_flags)
+        procs.start(
+            "preprocessor", "preprocessor", "--port", str(http),
+            "--stream-idle-timeout", str(idle_timeout), "--route-timeout", "2",
+            "--router", router, "--dispatcher", dispatcher, *fleet_flags,
+        )  # fmt: skip
+        stack = DisaggStack(procs, f"http://127.0.0.1:{http}", names)
+
+        def all_routable() -> bool:
+            # A dry run lists the decode candidates and, with a hop, the prefill ones.
+            return len(stack.dry_route().get("workers", [])) == len(engine_args)
+
+        wait_until(all_routable, timeout=60, what="every engine routable")
+        yield stack
+
+
+def count(log: str, what: str) -> int:
+    return len(re.findall(what, log))
+
+
+SGLANG_ENGINES = [
+    ["--role", "prefill", "--bootstrap-port", "0"],
+    ["--role", "decode"],
+    ["--role", "decode"],
+]
+VLLM_ENGINES = [["--role", "prefill"], ["--role", "decode"], ["--role", "decode"]]
+
+
+@pytest.mark.parametrize(
+    ("protocol", "engines"), [("sglang", SGLANG_ENGINES), ("vllm", VLLM_ENGINES)]
+)
+def test_disaggregated_outputs_match_aggregated_and_kv_moves(protocol, engines, aggregated_texts):
+    with disagg_stack(protocol, engines) as stack:
+        route = stack.dry_route()
+        roles = sorted(w["role"] for w in route["workers"])
+        assert roles == ["decode", "decode", "prefill"]
+        for p in PROMPTS:
+            assert text_of(chat(stack.base, p)) == aggregated_texts[p]
+        prefill_log = stack.procs.log(stack.engines[0])
+        decode_logs = [stack.procs.log(n) for n in stack.engines[1:]]
+        assert count(prefill_log, "kv handed over") == len(PROMPTS), prefill_log[-3000:]
+        assert sum(count(log, "kv received") for log in decode_logs) == len(PROMPTS)
+
+        # A killed prefill engine: decode-only engines cannot prefill, so each request ends
+        # with a clean error (or succeeds), within a bounded time.
+        stack.procs.kill(stack.engines[0])
+        for p in PROMPTS:
+            started = time.monotonic()
+            reply = chat(stack.base, p, timeout=30)
+            assert time.monotonic() - started < 25
+            if reply.status_code == 200:
+                assert text_of(reply) == aggregated_texts[p]
+            else:
+                assert reply.status_code in (500, 502, 503, 504), reply.text
+                assert reply.json()["error"]
+
+
+def test_vllm_roles_mixed_from_engines_and_fleet_list(aggregated_texts):
+    """Prefill: a kv_both engine (no role of its own) listed with fleet's --prefill; decode: a
+    kv_consumer (--role decode) and a kv_both engine not listed (decode by fleet, and it can
+    prefill locally). Once the prefill engine dies, requests fall back to the kv_both one."""
+    engines = [
+        ["--kv-connector", "NixlConnector"],
+        ["--role", "decode"],
+        ["--kv-connector", "NixlConnector"],
+    ]
+    with disagg_stack("vllm", engines, listed_prefill=(0,)) as stack:
+        roles = sorted(w["role"] for w in stack.dry_route()["workers"])
+        assert roles == ["decode", "decode", "prefill"]
+        for p in PROMPTS:
+            assert text_of(chat(stack.base, p)) == aggregated_texts[p]
+        # Short prompts on the kv_both decode engine skip the hop (it prefills them itself,
+        # under --disagg-min-uncached-tokens); those on the kv_consumer always take it.
+        handed = count(stack.procs.log(stack.engines[0]), "kv handed over")
+        assert handed == count(stack.procs.log(stack.engines[1]), "kv received")
+        assert count(stack.procs.log(stack.engines[2]), "kv received") == 0
+        assert handed <= len(PROMPTS)
+        # A long prompt (over the threshold) takes the hop whichever decode engine serves it.
+        assert chat(stack.base, "railway yards " * 150).status_code == 200
+        received = sum(count(stack.procs.log(n), "kv received") for n in stack.engines[1:])
+        assert count(stack.procs.log(stack.engines[0]), "kv handed over") == handed + 1
+        assert received == handed + 1
+
+        stack.procs.kill(stack.engines[0])
+        for p in PROMPTS:
+            started = time.monotonic()
+            reply = chat(stack.base, p, timeout=30)
+            assert time.monotonic() - started < 25
+            assert text_of(reply) == aggregated_texts[p]
+
+
+def test_switchyard_up_with_role_mocks(aggregated_texts):
+    """`switchyard up --mock-prefill ... --mock-decode ...`: both protocols disaggregated."""
+    args = ["--mock-prefill", "sglang,vllm", "--mock-decode", "sglang,vllm"]
+    with running_stack(*args) as stack:
+
+        def hop_ready() -> bool:
+            # Ready means some engine is routable; wait for the decode and prefill ones.
+            try:
+                reply = httpx.post(
+                    stack.base_url + "/debug/route", json={"model": MODEL, "prompt": "x"}
+                )
+            except httpx.HTTPError:
+                return False
+            roles = [w["role"] for w in reply.json().get("workers", [])]
+            return roles.count("decode") == 2 and "prefill" in roles
+
+        wait_until(hop_ready, timeout=30, what="decode and prefill engines routable")
+        for p in PROMPTS:
+            assert text_of(chat(stack.base_url, p)) == aggregated_texts[p]
+        log = stack.log()
+        assert count(log, "kv handed over") == len(PROMPTS)
+        assert count(log, "kv received") == len(PROMPTS)
