@@ -41,3 +41,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/route_decision.py
 	$(BIN)/python bench/load.py
 	$(BIN)/python bench/faults.py
+	$(BIN)/python bench/disagg.py

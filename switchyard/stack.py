@@ -94,6 +94,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--mock-arg=--prefill-ms-per-token=0.2)",
     )
     parser.add_argument(
+        "--router-arg",
+        action="append",
+        default=[],
+        help="extra flag passed to every router (repeat; e.g. "
+        "--router-arg=--disagg-min-uncached-tokens=512)",
+    )
+    parser.add_argument(
         "--metrics",
         action="store_true",
         help="serve Prometheus /metrics from fleet, routers and dispatchers on free ports "
@@ -159,7 +166,7 @@ def build_stack(args: argparse.Namespace) -> tuple[list[ChildSpec], list[str]]:
     specs.append(ChildSpec("fleet", fleet_cmd))
     for index, endpoint in enumerate(routers):
         router_cmd = py + ["router", "--bind", endpoint, "--router-mode", args.router_mode]
-        router_cmd += fleet_flags + log_level
+        router_cmd += fleet_flags + log_level + args.router_arg
         if args.router_metrics_port is not None and index == 0:
             router_cmd += ["--metrics-port", str(args.router_metrics_port)]
         elif args.metrics:
