@@ -6,8 +6,8 @@ Scenarios (3 vLLM-protocol mock engines each, fresh stack each):
   disaggregated     1 prefill + 2 decode engines (every request takes the prefill hop)
   hop always / hop skipped for short prompts: 1 prefill + 2 decode engines that can also
   prefill (kv_both), router --disagg-min-uncached-tokens 0 vs 512
-Workload: unique prompts (no shared prefix), half short (40 random words, ~120 tokens), half long (900 words, ~2.7k tokens),
-32 output tokens each, closed loop at concurrency 6.
+Workload: unique prompts (no shared prefix), half short (40 random words, ~120 tokens),
+half long (900 words, ~2.7k tokens), 32 output tokens each, closed loop at concurrency 6.
 
     python bench/disagg.py
 """
