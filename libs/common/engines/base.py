@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeAlias
 
 import grpc
+from smg_grpc_proto.generated import common_pb2
 
 from switchyard.common import errors
 from switchyard.common.errors import EngineError
@@ -71,14 +72,41 @@ class EngineClient(abc.ABC):
     def _error(self, exc: BaseException) -> EngineError:
         return EngineError.from_exception(exc, self.instance_id)
 
-    @abc.abstractmethod
-    async def health(self, timeout: float) -> bool: ...
+    # The family's generated message module (HealthCheckRequest, GetLoadsRequest, ...): both
+    # families name these RPCs and messages alike.
+    proto: ClassVar[Any]
+    stub: Any
+
+    async def health(self, timeout: float) -> bool:
+        try:
+            reply = await self.stub.HealthCheck(self.proto.HealthCheckRequest(), timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc) from exc
+        return bool(reply.healthy)
+
+    async def _model_and_server_info(self, timeout: float) -> tuple[Any, Any]:
+        try:
+            proto = self.proto
+            model = await self.stub.GetModelInfo(proto.GetModelInfoRequest(), timeout=timeout)
+            server = await self.stub.GetServerInfo(proto.GetServerInfoRequest(), timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc) from exc
+        return model, server
+
+    async def load(self, timeout: float) -> EngineLoad:
+        try:
+            reply = await self.stub.GetLoads(self.proto.GetLoadsRequest(), timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc) from exc
+        running = sum(load.num_running_reqs for load in reply.loads)
+        waiting = sum(load.num_waiting_reqs for load in reply.loads)
+        return EngineLoad(running, waiting)
+
+    def _tokenizer_call(self, timeout: float) -> Any:
+        return self.stub.GetTokenizer(common_pb2.GetTokenizerRequest(), timeout=timeout)
 
     @abc.abstractmethod
     async def info(self, timeout: float) -> EngineInfo: ...
-
-    @abc.abstractmethod
-    async def load(self, timeout: float) -> EngineLoad: ...
 
     @abc.abstractmethod
     def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
@@ -87,9 +115,6 @@ class EngineClient(abc.ABC):
 
     @abc.abstractmethod
     async def abort(self, request_id: str, timeout: float = 2.0) -> None: ...
-
-    @abc.abstractmethod
-    def _tokenizer_call(self, timeout: float) -> Any: ...
 
     async def fetch_tokenizer(self, timeout: float = 30.0) -> bytes:
         """The engine's tokenizer zip, checked against the sha256 on its last chunk."""

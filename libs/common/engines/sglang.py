@@ -12,12 +12,11 @@ from typing import Any
 
 import grpc
 from google.protobuf import json_format
-from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 
 from switchyard.common import errors
-from switchyard.common.engines.base import EngineClient, EngineInfo, EngineLoad, GenerateEvent
+from switchyard.common.engines.base import EngineClient, EngineInfo, GenerateEvent
 from switchyard.common.errors import EngineError
 from switchyard.protos.messages import (
     PROTOCOL_SGLANG,
@@ -49,25 +48,15 @@ def _kv_events_endpoint(config: Any, key: str = "endpoint") -> str | None:
 
 class SglangClient(EngineClient):
     protocol = PROTOCOL_SGLANG
+    proto = pb
     service_name = "sglang.grpc.scheduler.SglangScheduler"
 
     def __init__(self, channel: grpc.aio.Channel, instance_id: int | None = None) -> None:
         super().__init__(channel, instance_id)
         self.stub = pb_grpc.SglangSchedulerStub(channel)
 
-    async def health(self, timeout: float) -> bool:
-        try:
-            reply = await self.stub.HealthCheck(pb.HealthCheckRequest(), timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise self._error(exc) from exc
-        return reply.healthy
-
     async def info(self, timeout: float) -> EngineInfo:
-        try:
-            model = await self.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=timeout)
-            server = await self.stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise self._error(exc) from exc
+        model, server = await self._model_and_server_info(timeout)
         args = json_format.MessageToDict(server.server_args)
         # max_context_length here is the KV pool size; the context length is in server_args.
         context_length = int(args.get("context_length") or model.max_req_input_len or 0)
@@ -87,18 +76,6 @@ class SglangClient(EngineClient):
             max_running_requests=int(args.get("max_running_requests") or 0),
             tokenizer_path=model.tokenizer_path,
         )
-
-    async def load(self, timeout: float) -> EngineLoad:
-        try:
-            reply = await self.stub.GetLoads(pb.GetLoadsRequest(), timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise self._error(exc) from exc
-        running = sum(load.num_running_reqs for load in reply.loads)
-        waiting = sum(load.num_waiting_reqs for load in reply.loads)
-        return EngineLoad(running, waiting)
-
-    def _tokenizer_call(self, timeout: float) -> Any:
-        return self.stub.GetTokenizer(common_pb2.GetTokenizerRequest(), timeout=timeout)
 
     @staticmethod
     def build_request(request: GenerateRequest) -> pb.GenerateRequest:

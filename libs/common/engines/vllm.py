@@ -9,15 +9,13 @@ AbortRequest takes a list of ids.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 import grpc
-from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 
 from switchyard.common import errors
-from switchyard.common.engines.base import EngineClient, EngineInfo, EngineLoad, GenerateEvent
+from switchyard.common.engines.base import EngineClient, EngineInfo, GenerateEvent
 from switchyard.common.errors import EngineError
 from switchyard.protos.messages import (
     PROTOCOL_VLLM,
@@ -34,25 +32,15 @@ _ROLES = {"kv_producer": ROLE_PREFILL, "kv_consumer": ROLE_DECODE}
 
 class VllmClient(EngineClient):
     protocol = PROTOCOL_VLLM
+    proto = pb
     service_name = "vllm.grpc.engine.VllmEngine"
 
     def __init__(self, channel: grpc.aio.Channel, instance_id: int | None = None) -> None:
         super().__init__(channel, instance_id)
         self.stub = pb_grpc.VllmEngineStub(channel)
 
-    async def health(self, timeout: float) -> bool:
-        try:
-            reply = await self.stub.HealthCheck(pb.HealthCheckRequest(), timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise self._error(exc) from exc
-        return reply.healthy
-
     async def info(self, timeout: float) -> EngineInfo:
-        try:
-            model = await self.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=timeout)
-            server = await self.stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise self._error(exc) from exc
+        model, server = await self._model_and_server_info(timeout)
         return EngineInfo(
             protocol=self.protocol,
             model=model.served_model_name or model.model_path,
@@ -63,18 +51,6 @@ class VllmClient(EngineClient):
             max_running_requests=int(server.max_num_seqs or 0),
             tokenizer_path=model.tokenizer_path,
         )
-
-    async def load(self, timeout: float) -> EngineLoad:
-        try:
-            reply = await self.stub.GetLoads(pb.GetLoadsRequest(), timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise self._error(exc) from exc
-        running = sum(load.num_running_reqs for load in reply.loads)
-        waiting = sum(load.num_waiting_reqs for load in reply.loads)
-        return EngineLoad(running, waiting)
-
-    def _tokenizer_call(self, timeout: float) -> Any:
-        return self.stub.GetTokenizer(common_pb2.GetTokenizerRequest(), timeout=timeout)
 
     @staticmethod
     def build_request(request: GenerateRequest) -> pb.GenerateRequest:
