@@ -76,7 +76,8 @@ class DealerClient:
 
     async def wait_connected(self, timeout: float) -> bool:
         try:
-            await asyncio.wait_for(self._connected.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._connected.wait()
         except TimeoutError:
             return False
         return True
@@ -148,7 +149,8 @@ class RequestReplyClient(DealerClient):
         self._waiters[request_id] = future
         try:
             await self.send(message)
-            return await asyncio.wait_for(future, timeout)
+            async with asyncio.timeout(timeout):
+                return await future
         finally:
             self._waiters.pop(request_id, None)
 

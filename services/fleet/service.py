@@ -196,7 +196,8 @@ class FleetService:
             if self._registry.recovering() or self._failing:
                 interval = self._recovery_interval
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), interval)
+                async with asyncio.timeout(interval):
+                    await self._wake.wait()
 
     async def _probe_all(self) -> None:
         round_ = self._registry.start_round()

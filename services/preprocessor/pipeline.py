@@ -170,7 +170,10 @@ class Pipeline:
                 get = stream.queue.get
                 while True:
                     try:
-                        reply = await asyncio.wait_for(get(), self.idle_timeout)
+                        # asyncio.timeout, not wait_for: wait_for (3.11) can swallow a
+                        # cancellation (the client went away) that races a reply.
+                        async with asyncio.timeout(self.idle_timeout):
+                            reply = await get()
                     except TimeoutError:
                         failure = GenerateFailed(
                             request_id=attempt_id,

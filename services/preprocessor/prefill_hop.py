@@ -138,7 +138,8 @@ class HopStream:
 
     async def _next(self, leg: GenerationStream) -> Any:
         try:
-            return await asyncio.wait_for(leg.queue.get(), self.idle_timeout)
+            async with asyncio.timeout(self.idle_timeout):
+                return await leg.queue.get()
         except TimeoutError:
             return None
 

@@ -106,8 +106,11 @@ class ZmqKvSource:
             # Replay only once the subscription is on its way: a batch published between
             # the replay's snapshot and a late subscription would be lost, and an engine
             # that then stays idle would never reveal the gap.
+            # poll, not asyncio.wait_for: on Python 3.11 wait_for can swallow a cancellation
+            # that races its inner future, and the source would then never stop.
             try:
-                await asyncio.wait_for(monitor.recv_multipart(), self._replay_timeout)
+                if not await monitor.poll(int(self._replay_timeout * 1000)):
+                    raise TimeoutError
             except TimeoutError:
                 log.info(
                     "kv events instance_id=%d: %s not reachable yet",
