@@ -168,12 +168,16 @@ class Pipeline:
                 stream = await self._open(request)
             try:
                 get = stream.queue.get
+                queue = stream.queue
                 while True:
                     try:
-                        # asyncio.timeout, not wait_for: wait_for (3.11) can swallow a
-                        # cancellation (the client went away) that races a reply.
-                        async with asyncio.timeout(self.idle_timeout):
-                            reply = await get()
+                        if queue.empty():
+                            # asyncio.timeout, not wait_for: wait_for (3.11) can swallow a
+                            # cancellation (the client went away) that races a reply.
+                            async with asyncio.timeout(self.idle_timeout):
+                                reply = await get()
+                        else:  # replies already here: no timer to arm per token
+                            reply = queue.get_nowait()
                     except TimeoutError:
                         failure = GenerateFailed(
                             request_id=attempt_id,
