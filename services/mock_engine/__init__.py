@@ -3,6 +3,6 @@ with a simulated prefix cache, simulated timing and the engines' own KV event wi
 
 Layout: config, errors, types, timing, tokens, kv_cache, kv_events, faults, kv_handover,
 generation (the neutral core); tokenizer_facts, deps, tokenizer_bundle, kv_wire, kv_zmq,
-kv_grpc, kv_transfer, disagg, sglang_servicer, vllm_servicer (adapters); server, cli,
+kv_grpc, kv_transfer, disagg, common_rpcs, sglang_servicer, vllm_servicer (adapters); server, cli,
 __main__, testing.
 """

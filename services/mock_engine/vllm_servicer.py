@@ -47,17 +47,15 @@ from typing import Any
 import grpc
 from smg_grpc_proto import vllm_engine_pb2 as pb
 from smg_grpc_proto import vllm_engine_pb2_grpc as pb_grpc
-from smg_grpc_proto.generated import common_pb2
 
+from switchyard.mock_engine.common_rpcs import CommonRpcs
 from switchyard.mock_engine.config import MAX_RUNNING_REQUESTS
 from switchyard.mock_engine.deps import (
     ServicerDeps,
     refuse_if_faulted,
-    tokenizer_slices,
     unimplemented,
 )
 from switchyard.mock_engine.errors import KvTransferFailed, RequestRejected
-from switchyard.mock_engine.kv_grpc import kv_event_stream
 from switchyard.mock_engine.kv_handover import request_key
 from switchyard.mock_engine.types import (
     FinishReason,
@@ -128,7 +126,7 @@ def _complete(
     return pb.GenerateResponse(complete=complete)
 
 
-class VllmServicer(pb_grpc.VllmEngineServicer):
+class VllmServicer(CommonRpcs, pb_grpc.VllmEngineServicer):
     def __init__(self, deps: ServicerDeps) -> None:
         self.deps = deps
         self.engine = deps.engine
@@ -338,24 +336,3 @@ class VllmServicer(pb_grpc.VllmEngineServicer):
             dp_rank_count=1,
             loads=[load],
         )
-
-    async def FlushCache(
-        self, request: common_pb2.FlushCacheRequest, context: grpc.aio.ServicerContext
-    ) -> common_pb2.FlushCacheResponse:
-        if self.engine.flush_cache():
-            return common_pb2.FlushCacheResponse(success=True, message="Cache flushed successfully")
-        return common_pb2.FlushCacheResponse(
-            success=False, message="Cache not flushed: there are running requests"
-        )
-
-    async def GetTokenizer(
-        self, request: common_pb2.GetTokenizerRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
-        async for data, sha256 in tokenizer_slices(self.deps, context):
-            yield common_pb2.GetTokenizerChunk(data=data, sha256=sha256)
-
-    async def SubscribeKvEvents(
-        self, request: common_pb2.SubscribeKvEventsRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[common_pb2.KvEventBatch]:
-        async for batch in kv_event_stream(self.deps.kv_events, request, context):
-            yield batch
