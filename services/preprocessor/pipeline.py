@@ -169,9 +169,12 @@ class Pipeline:
             try:
                 get = stream.queue.get
                 queue = stream.queue
+                pending = None  # a reply taken while coalescing, handled next
                 while True:
                     try:
-                        if queue.empty():
+                        if pending is not None:
+                            reply, pending = pending, None
+                        elif queue.empty():
                             # asyncio.timeout, not wait_for: wait_for (3.11) can swallow a
                             # cancellation (the client went away) that races a reply.
                             async with asyncio.timeout(self.idle_timeout):
@@ -187,6 +190,17 @@ class Pipeline:
                         )
                         break
                     if type(reply) is TokenDelta:
+                        if not queue.empty():
+                            # The caller fell behind: merge the deltas already here, so it
+                            # detokenizes and writes one SSE chunk instead of several.
+                            ids = list(reply.token_ids)
+                            while not queue.empty():
+                                more = queue.get_nowait()
+                                if type(more) is not TokenDelta:
+                                    pending = more
+                                    break
+                                ids.extend(more.token_ids)
+                            reply = TokenDelta(reply.request_id, ids)
                         if first:
                             first = False
                             await self.router.progress(
