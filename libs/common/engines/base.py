@@ -109,9 +109,51 @@ class EngineClient(abc.ABC):
     async def info(self, timeout: float) -> EngineInfo: ...
 
     @abc.abstractmethod
-    def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
+    def build_request(self, request: GenerateRequest) -> Any:
+        """The family's GenerateRequest message."""
+
+    def _kv_transfer_params(self, done: Any) -> str | None:
+        """What a prefill engine's final message hands to the decode side (vLLM only)."""
+        return None
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
         """Token deltas, then exactly one GenerateFinished. Raises EngineError; a stream that
-        ends without its final message raises kind `disconnected`."""
+        ends without its final message raises kind `disconnected`.
+
+        Both families send delta token ids in chunks, and a streamed `complete` repeats the
+        last chunk's tokens, so its output ids count only when not streaming. Completion
+        tokens are counted here: SGLang's counts are cumulative, vLLM's per chunk."""
+        request_id = request.request_id
+        call = self.stub.Generate(self.build_request(request))
+        generated = 0
+        try:
+            async for reply in call:
+                if reply.HasField("chunk"):
+                    ids = reply.chunk.token_ids
+                    if ids:
+                        generated += len(ids)
+                        yield TokenDelta(request_id, list(ids))
+                elif reply.HasField("complete"):
+                    done = reply.complete
+                    matched = done.matched_token_id if done.HasField("matched_token_id") else None
+                    if not request.stream and done.output_ids:
+                        generated += len(done.output_ids)
+                        yield TokenDelta(request_id, list(done.output_ids))
+                    yield GenerateFinished(
+                        request_id=request_id,
+                        finish_reason=done.finish_reason or "stop",
+                        prompt_tokens=done.prompt_tokens,
+                        completion_tokens=generated,
+                        cached_tokens=done.cached_tokens,
+                        matched_token_id=matched,
+                        kv_transfer_params_json=self._kv_transfer_params(done),
+                    )
+                    return
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc) from exc
+        finally:
+            call.cancel()
+        raise EngineError(errors.DISCONNECTED, "stream ended without complete", self.instance_id)
 
     @abc.abstractmethod
     async def abort(self, request_id: str, timeout: float = 2.0) -> None: ...

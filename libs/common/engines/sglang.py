@@ -7,7 +7,6 @@ ignored when streaming). Role and layout come from GetServerInfo.server_args.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -15,16 +14,12 @@ from google.protobuf import json_format
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 
-from switchyard.common import errors
-from switchyard.common.engines.base import EngineClient, EngineInfo, GenerateEvent
-from switchyard.common.errors import EngineError
+from switchyard.common.engines.base import EngineClient, EngineInfo
 from switchyard.protos.messages import (
     PROTOCOL_SGLANG,
     ROLE_DECODE,
     ROLE_PREFILL,
-    GenerateFinished,
     GenerateRequest,
-    TokenDelta,
 )
 
 _ROLES = {"prefill": ROLE_PREFILL, "decode": ROLE_DECODE}
@@ -111,35 +106,6 @@ class SglangClient(EngineClient):
                 )
             )
         return built
-
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
-        request_id = request.request_id
-        call = self.stub.Generate(self.build_request(request))
-        try:
-            async for reply in call:
-                if reply.HasField("chunk"):
-                    ids = reply.chunk.token_ids
-                    if ids:
-                        yield TokenDelta(request_id, list(ids))
-                elif reply.HasField("complete"):
-                    done = reply.complete
-                    matched = done.matched_token_id if done.HasField("matched_token_id") else None
-                    if not request.stream and done.output_ids:
-                        yield TokenDelta(request_id, list(done.output_ids))
-                    yield GenerateFinished(
-                        request_id=request_id,
-                        finish_reason=done.finish_reason or "stop",
-                        prompt_tokens=done.prompt_tokens,
-                        completion_tokens=done.completion_tokens,
-                        cached_tokens=done.cached_tokens,
-                        matched_token_id=matched,
-                    )
-                    return
-        except grpc.aio.AioRpcError as exc:
-            raise self._error(exc) from exc
-        finally:
-            call.cancel()
-        raise EngineError(errors.DISCONNECTED, "stream ended without complete", self.instance_id)
 
     async def abort(self, request_id: str, timeout: float = 2.0) -> None:
         try:

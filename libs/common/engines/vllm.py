@@ -8,22 +8,16 @@ AbortRequest takes a list of ids.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import grpc
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 
-from switchyard.common import errors
-from switchyard.common.engines.base import EngineClient, EngineInfo, GenerateEvent
-from switchyard.common.errors import EngineError
+from switchyard.common.engines.base import EngineClient, EngineInfo
 from switchyard.protos.messages import (
     PROTOCOL_VLLM,
     ROLE_DECODE,
     ROLE_PREFILL,
-    GenerateFinished,
     GenerateRequest,
-    TokenDelta,
 )
 
 # kv_both engines can serve either side: no fixed role, the operator's list decides.
@@ -83,39 +77,8 @@ class VllmClient(EngineClient):
             built.kv_transfer_params_json = request.kv_transfer_params_json
         return built
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
-        request_id = request.request_id
-        call = self.stub.Generate(self.build_request(request))
-        generated = 0
-        try:
-            async for reply in call:
-                if reply.HasField("chunk"):
-                    ids = reply.chunk.token_ids
-                    if ids:
-                        generated += len(ids)
-                        yield TokenDelta(request_id, list(ids))
-                elif reply.HasField("complete"):
-                    done = reply.complete
-                    matched = done.matched_token_id if done.HasField("matched_token_id") else None
-                    if not request.stream and done.output_ids:
-                        # Non-streaming: the single complete carries every output id.
-                        generated += len(done.output_ids)
-                        yield TokenDelta(request_id, list(done.output_ids))
-                    yield GenerateFinished(
-                        request_id=request_id,
-                        finish_reason=done.finish_reason or "stop",
-                        prompt_tokens=done.prompt_tokens,
-                        completion_tokens=generated,
-                        cached_tokens=done.cached_tokens,
-                        matched_token_id=matched,
-                        kv_transfer_params_json=done.kv_transfer_params_json or None,
-                    )
-                    return
-        except grpc.aio.AioRpcError as exc:
-            raise self._error(exc) from exc
-        finally:
-            call.cancel()
-        raise EngineError(errors.DISCONNECTED, "stream ended without complete", self.instance_id)
+    def _kv_transfer_params(self, done: pb.GenerateComplete) -> str | None:
+        return done.kv_transfer_params_json or None
 
     async def abort(self, request_id: str, timeout: float = 2.0) -> None:
         try:
