@@ -15,4 +15,5 @@ fleet_update = msgspec.msgpack.Decoder(m.FleetUpdate)
 router_request = msgspec.msgpack.Decoder(m.RouterRequest)
 route_response = msgspec.msgpack.Decoder(m.RouteResponse)
 dispatcher_request = msgspec.msgpack.Decoder(m.DispatcherRequest)
-dispatcher_reply = msgspec.msgpack.Decoder(m.DispatcherReply)
+# The dispatcher batches its replies: each message is a list of them (see dispatcher/outbox).
+dispatcher_replies = msgspec.msgpack.Decoder(list[m.DispatcherReply])

@@ -20,3 +20,12 @@ class DispatcherMetrics:
         self.generations = Counter(
             "switchyard_dispatcher_generations", "generations started", registry=r
         )
+        # replies / messages = how many replies one ZMQ message carries on average.
+        self.replies = Counter(
+            "switchyard_dispatcher_replies", "replies sent to preprocessors", registry=r
+        )
+        self.messages = Counter(
+            "switchyard_dispatcher_reply_messages",
+            "ZMQ messages carrying those replies (one per peer per loop iteration)",
+            registry=r,
+        )

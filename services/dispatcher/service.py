@@ -12,9 +12,10 @@ import zmq.asyncio
 
 from switchyard.common import errors
 from switchyard.common.fleet_client import FleetClient
-from switchyard.common.messaging import new_socket
+from switchyard.common.messaging import LoopSocket, new_socket
 from switchyard.dispatcher.channels import ChannelPool
 from switchyard.dispatcher.metrics import DispatcherMetrics
+from switchyard.dispatcher.outbox import Outbox
 from switchyard.dispatcher.streams import run_generation
 from switchyard.protos import codec
 from switchyard.protos.messages import (
@@ -34,13 +35,14 @@ class DispatcherService:
         self.pool = ChannelPool()
         self.fleet = FleetClient(fleet_control, fleet_events, on_change=self.pool.apply)
         self._ctx = zmq.asyncio.Context()
-        self._sock: zmq.asyncio.Socket | None = None
+        self._io: LoopSocket | None = None
+        self._outbox: Outbox | None = None
         # (peer identity, request id) -> its generation task
         self._tasks: dict[tuple[bytes, str], asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
-        self._sock = new_socket(self._ctx, zmq.ROUTER, bind=self.bind)
+        sock = new_socket(self._ctx, zmq.ROUTER, bind=self.bind, sync=True)
         await self.fleet.start()
         self.pool.apply(
             [
@@ -50,48 +52,50 @@ class DispatcherService:
             ]
         )
         log.info("dispatcher ready bind=%s instances=%d", self.bind, len(self.pool))
-        serve = asyncio.create_task(self._serve(self._sock))
+        self._io = LoopSocket(sock, self._on_message, multipart=True)
+        self._outbox = Outbox(self._io, self._peer_gone, self.metrics)
         try:
             await stop.wait()
         finally:
-            serve.cancel()
+            self._io.close()
             tasks = list(self._tasks.values())
             for task in tasks:
                 task.cancel()
-            await asyncio.gather(serve, *tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
             await self.fleet.close()
             await self.pool.close()
-            self._sock.close(linger=0)
             self._ctx.term()
 
-    async def _serve(self, sock: zmq.asyncio.Socket) -> None:
-        decode = codec.dispatcher_request.decode
-        while True:
-            identity, payload = await sock.recv_multipart()
-            peer = identity
-            try:
-                message = decode(payload)
-            except msgspec.DecodeError:
-                log.warning("undecodable dispatcher request")
-                continue
-            if isinstance(message, GenerateRequest):
-                self._start(sock, peer, message)
-            elif isinstance(message, CancelRequest):
-                task = self._tasks.get((peer, message.request_id))
-                if task is not None:
-                    task.cancel()
+    def _on_message(self, frames: list[bytes]) -> None:
+        if len(frames) != 2:
+            log.warning("malformed dispatcher request (%d frames)", len(frames))
+            return
+        peer, payload = frames
+        try:
+            message = codec.dispatcher_request.decode(payload)
+        except msgspec.DecodeError:
+            log.warning("undecodable dispatcher request")
+            return
+        if isinstance(message, GenerateRequest):
+            self._start(peer, message)
+        elif isinstance(message, CancelRequest):
+            task = self._tasks.get((peer, message.request_id))
+            if task is not None:
+                task.cancel()
 
-    def _start(self, sock: zmq.asyncio.Socket, peer: bytes, request: GenerateRequest) -> None:
+    def _peer_gone(self, peer: bytes) -> None:
+        """A preprocessor went away: stop generating for it."""
+        for (owner, _), task in list(self._tasks.items()):
+            if owner == peer:
+                task.cancel()
+
+    def _start(self, peer: bytes, request: GenerateRequest) -> None:
         key = (peer, request.request_id)
-        encode = codec.encode
+        assert self._outbox is not None
+        post = self._outbox.post
 
-        async def send(reply: object) -> None:
-            try:
-                await sock.send_multipart([peer, encode(reply)])
-            except zmq.ZMQError:  # the preprocessor went away: stop generating for it
-                task = self._tasks.get(key)
-                if task is not None:
-                    task.cancel()
+        def send(reply: object) -> None:
+            post(peer, reply)
 
         client = self.pool.get(request.instance_id)
         if client is None:
@@ -101,7 +105,7 @@ class DispatcherService:
                 kind=errors.CANNOT_CONNECT,
                 message=f"instance {request.instance_id} is not known to this dispatcher",
             )
-            self._spawn(send(failed))
+            send(failed)
             return
         metrics = self.metrics
         in_flight = metrics.in_flight.labels(str(request.instance_id))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from switchyard.common import errors
 from switchyard.common.engines.base import EngineClient
@@ -18,7 +18,7 @@ from switchyard.protos.messages import GenerateFailed, GenerateRequest
 
 log = logging.getLogger(__name__)
 
-Send = Callable[[object], Awaitable[None]]
+Send = Callable[[object], None]  # queues a reply for the caller (never waits)
 
 
 async def run_generation(
@@ -30,7 +30,7 @@ async def run_generation(
 ) -> None:
     try:
         async for event in client.generate(request):
-            await send(event)
+            send(event)
     except asyncio.CancelledError:
         # The caller went away: tell the engine to drop the request, without waiting on it.
         with contextlib.suppress(EngineError):
@@ -48,7 +48,7 @@ async def run_generation(
             on_error(exc.kind)
         if exc.kind in errors.INSTANCE_DOWN:
             on_instance_down(request.instance_id, exc.kind, exc.message)
-        await send(
+        send(
             GenerateFailed(
                 request_id=request.request_id,
                 instance_id=request.instance_id,

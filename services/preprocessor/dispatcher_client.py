@@ -25,14 +25,17 @@ class NoDispatcher(errors.SwitchyardError):
 
 class _Replica(DealerClient):
     def __init__(self, endpoint: str, streams: dict[str, GenerationStream]) -> None:
-        super().__init__(endpoint, codec.dispatcher_reply)
+        super().__init__(endpoint, codec.dispatcher_replies)
         self._all = streams
         self.streams: set[str] = set()  # request ids of the streams on this replica
 
-    def handle(self, reply: Any) -> None:
-        stream = self._all.get(reply.request_id)
-        if stream is not None:
-            stream.queue.put_nowait(reply)
+    def handle(self, replies: Any) -> None:
+        # One message carries every reply the dispatcher had for us in one loop iteration.
+        streams = self._all
+        for reply in replies:
+            stream = streams.get(reply.request_id)
+            if stream is not None:
+                stream.queue.put_nowait(reply)
 
     def on_disconnect(self) -> None:
         for request_id in list(self.streams):
@@ -64,7 +67,7 @@ class GenerationStream:
         if self._open:
             self.close()
             if self._replica.connected:
-                await self._replica.send(CancelRequest(self.request_id))
+                self._replica.send_now(CancelRequest(self.request_id))
 
     def close(self) -> None:
         if self._open:
@@ -100,7 +103,7 @@ class DispatcherClient:
         stream = GenerationStream(self, replica, request)
         self.streams[request.request_id] = stream
         replica.streams.add(request.request_id)
-        await replica.send(request)
+        replica.send_now(request)
         return stream
 
     async def close(self) -> None:

@@ -13,7 +13,7 @@ import zmq
 import zmq.asyncio
 
 from switchyard.common.fleet_client import FleetClient
-from switchyard.common.messaging import new_socket
+from switchyard.common.messaging import LoopSocket, new_socket
 from switchyard.protos import codec
 from switchyard.protos.messages import (
     InstanceAdded,
@@ -49,9 +49,10 @@ class RouterService:
             KvIngestor(core.index, context=self._ctx) if core.policy.needs_overlap else None
         )
         self.fleet = FleetClient(fleet_control, fleet_events, on_change=self._on_fleet_change)
+        self._sock: LoopSocket | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
-        sock = new_socket(self._ctx, zmq.ROUTER, bind=self.bind)
+        raw = new_socket(self._ctx, zmq.ROUTER, bind=self.bind, sync=True)
         await self.fleet.start()
         self.core.set_instances(self.fleet.instances)
         if self.ingestor is not None:
@@ -62,16 +63,14 @@ class RouterService:
             self.core.policy.name,
             len(self.fleet.instances),
         )
-        serve = asyncio.create_task(self._serve(sock))
+        self._sock = sock = LoopSocket(raw, self._on_message, multipart=True)
         try:
             await stop.wait()
         finally:
-            serve.cancel()
-            await asyncio.gather(serve, return_exceptions=True)
+            sock.close()
             await self.fleet.close()
             if self.ingestor is not None:
                 await self.ingestor.close()
-            sock.close(linger=0)
             self._ctx.term()
 
     def _on_fleet_change(self, events: list[InstanceEvent]) -> None:
@@ -79,34 +78,33 @@ class RouterService:
         if self.ingestor is not None:
             self.ingestor.apply_events(events)
 
-    async def _serve(self, sock: zmq.asyncio.Socket) -> None:
-        decode = codec.router_request.decode
-        encode = codec.encode
+    def _on_message(self, frames: list[bytes]) -> None:
+        if len(frames) != 2:
+            log.warning("malformed router request (%d frames)", len(frames))
+            return
+        identity, payload = frames
+        try:
+            message = codec.router_request.decode(payload)
+        except msgspec.DecodeError:
+            log.warning("undecodable router request")
+            return
         core = self.core
-        metrics = self.metrics
-        clock = time.perf_counter
-        mode = core.policy.name
-        while True:
-            identity, payload = await sock.recv_multipart()
+        if isinstance(message, RouteRequest):
+            metrics = self.metrics
+            started = time.perf_counter()
+            routed = core.route(message, self.clock())
+            metrics.latency.observe(time.perf_counter() - started)
+            reply = routed.response
+            if reply.instance_id is not None and not message.dry_run:
+                metrics.decisions.labels(core.policy.name).inc()
+                if reply.prompt_blocks:
+                    metrics.hit_ratio.observe(reply.overlap_blocks / reply.prompt_blocks)
+            assert self._sock is not None
             try:
-                message = decode(payload)
-            except msgspec.DecodeError:
-                log.warning("undecodable router request")
-                continue
-            if isinstance(message, RouteRequest):
-                started = clock()
-                routed = core.route(message, self.clock())
-                metrics.latency.observe(clock() - started)
-                reply = routed.response
-                if reply.instance_id is not None and not message.dry_run:
-                    metrics.decisions.labels(mode).inc()
-                    if reply.prompt_blocks:
-                        metrics.hit_ratio.observe(reply.overlap_blocks / reply.prompt_blocks)
-                try:
-                    await sock.send_multipart([identity, encode(reply)])
-                except zmq.ZMQError as exc:  # the asker went away
-                    log.debug("route reply dropped: %s", exc)
-            elif isinstance(message, RouteProgress):
-                core.progress(message)
-            elif isinstance(message, InstanceBusy):
-                core.mark_busy(message.instance_id, self.clock() + message.seconds)
+                self._sock.send_multipart([identity, codec.encode(reply)])
+            except zmq.ZMQError as exc:  # the asker went away
+                log.debug("route reply dropped: %s", exc)
+        elif isinstance(message, RouteProgress):
+            core.progress(message)
+        elif isinstance(message, InstanceBusy):
+            core.mark_busy(message.instance_id, self.clock() + message.seconds)

@@ -39,11 +39,7 @@ class FakeEngine:
 
 async def collect(engine):
     sent, down = [], []
-
-    async def send(reply):
-        sent.append(reply)
-
-    await run_generation(engine, REQ, send, lambda *a: down.append(a))
+    await run_generation(engine, REQ, sent.append, lambda *a: down.append(a))
     return sent, down
 
 
@@ -76,11 +72,7 @@ class TestRunGeneration:
     async def test_cancel_aborts_on_the_engine(self):
         engine = FakeEngine([TokenDelta("r1", [5])], hang=True)
         sent: list = []
-
-        async def send(reply):
-            sent.append(reply)
-
-        task = asyncio.create_task(run_generation(engine, REQ, send, lambda *a: None))
+        task = asyncio.create_task(run_generation(engine, REQ, sent.append, lambda *a: None))
         while not sent:
             await asyncio.sleep(0.001)
         task.cancel()

@@ -1,0 +1,171 @@
+"""Profile the stack's services under load with py-spy: where does the frontend's CPU go?
+
+Starts the load bench's two SGLang-protocol mock engines and `switchyard up` in front of them,
+attaches `py-spy record` to the preprocessor, dispatcher and router while a closed loop of
+streamed chat completions runs, and prints, per service, the functions with the most samples
+on their own (self) and the most samples anywhere on the stack (inclusive). Collapsed stacks
+and flame graphs go to bench/results/profile/.
+
+    python bench/hotspots.py                          # concurrency 64, 1500 requests
+    python bench/hotspots.py --concurrency 128 --requests 3000 --router-mode kv
+
+py-spy comes with the bench extra (`pip install -e .[bench]`); it needs ptrace rights on
+the stack's processes (same user; some containers need CAP_SYS_PTRACE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from load import MODEL, Processes, served_tokenizer_dir, start_engines, switchyard_stack
+from loadgen import HttpTarget, closed_loop, prompts
+from procstat import CpuMeter, children_map, label, tree
+
+HERE = Path(__file__).resolve().parent
+SERVICES = ("preprocessor", "dispatcher", "router")
+
+
+def py_spy() -> str:
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(exe).exists():
+        sys.exit("py-spy is not installed: pip install -e .[bench]")
+    return exe
+
+
+def service_pids(root: int) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for pid in tree(root, children_map()):
+        name = label(pid)
+        if name in SERVICES and name not in found:
+            found[name] = pid
+    return found
+
+
+def frame_name(frame: str) -> str:
+    """`func (path/to/module.py:12)` -> `func (module.py)`: lines merged per function."""
+    func, _, where = frame.partition(" (")
+    path = where.rsplit(":", 1)[0]
+    return f"{func} ({path.rsplit('/', 2)[-1] if '/' in path else path})"
+
+
+Ranking = list[tuple[str, int]]
+
+
+def summarize(collapsed: Path, top: int) -> tuple[int, Ranking, Ranking]:
+    """Total samples, top self frames, top inclusive frames from py-spy's raw output."""
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack:
+            continue
+        count = int(count_text)
+        frames = [frame_name(f) for f in stack.split(";")]
+        if frames and frames[0].startswith("process "):
+            frames = frames[1:]
+        if frames and frames[0].startswith("thread "):
+            frames = frames[1:]
+        if not frames:
+            continue
+        total += count
+        own[frames[-1]] += count
+        for name in set(frames):
+            inclusive[name] += count
+    return total, own.most_common(top), inclusive.most_common(top)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=1500)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--prompt-words", type=int, default=48)
+    parser.add_argument("--router-mode", default="round_robin")
+    parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--idle", action="store_true", help="include idle (waiting) samples")
+    parser.add_argument(
+        "--no-spy", action="store_true", help="only measure CPU per request (no py-spy attached)"
+    )
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "profile")
+    args = parser.parse_args()
+    spy = "" if args.no_spy else py_spy()
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    with tempfile.TemporaryDirectory(prefix="switchyard-profile-") as tmp:
+        (args.out / "logs").mkdir(exist_ok=True)
+        procs = Processes(args.out / "logs")
+        try:
+            tokenizer, _template = served_tokenizer_dir(Path(tmp) / "tokenizer")
+            engines, _urls, kv_urls = start_engines(procs, 2, tokenizer, 20.0, 5.0)
+            with switchyard_stack(procs, "switchyard", kv_urls, args.router_mode) as (base, up):
+                pids = service_pids(up.pid)
+                target = HttpTarget("switchyard", base, MODEL, args.max_tokens)
+
+                async def load(n: int, phase: str) -> float:
+                    await target.open()
+                    try:
+                        items = prompts("profile", phase, n, args.prompt_words, 7)
+                        samples, wall = await closed_loop(
+                            target, items, args.concurrency, lambda: None
+                        )
+                        failed = [s.error for s in samples if not s.ok]
+                        if failed:
+                            sys.exit(f"{len(failed)} of {n} requests failed: {failed[0]}")
+                        return wall
+                    finally:
+                        await target.close()
+
+                asyncio.run(load(min(256, args.requests), "warm"))
+                spies = {}
+                for name, pid in pids.items() if not args.no_spy else ():
+                    raw = args.out / f"{name}.txt"
+                    argv = [spy, "record", "--pid", str(pid), "--rate", str(args.rate)]
+                    argv += ["--format", "raw", "--output", str(raw), "--nonblocking"]
+                    if args.idle:
+                        argv.append("--idle")
+                    spies[name] = (subprocess.Popen(argv, stdout=subprocess.DEVNULL), raw)
+                time.sleep(1.0)  # py-spy attaches
+                meter = CpuMeter({"stack": [up.pid], "engines": [e.pid for e in engines]})
+                before = meter.snapshot()
+                wall = asyncio.run(load(args.requests, "run"))
+                cpu = meter.diff(before, meter.snapshot())
+                for proc, _ in spies.values():
+                    proc.send_signal(2)  # SIGINT: py-spy writes its output and exits
+                for proc, _ in spies.values():
+                    proc.wait(timeout=60)
+        finally:
+            procs.stop_all()
+
+    print(f"{args.requests} requests at concurrency {args.concurrency} in {wall:.1f} s "
+          f"({args.requests / wall:.1f} req/s), router mode {args.router_mode}")  # fmt: skip
+    per_k = 1000 / args.requests
+    stack = {name: sec * per_k for name, sec in sorted(cpu["stack"].items()) if sec > 0}
+    print(f"CPU seconds per 1000 requests: stack {sum(stack.values()):.2f} ("
+          + ", ".join(f"{name} {sec:.2f}" for name, sec in stack.items())
+          + f"), engines {sum(cpu['engines'].values()) * per_k:.2f}")  # fmt: skip
+    for name, (_, raw) in spies.items():
+        if not raw.exists():
+            print(f"\n## {name}: no profile (py-spy failed?)")
+            continue
+        total, own, inclusive = summarize(raw, args.top)
+        print(f"\n## {name}: {total} samples ({args.out / raw.name})")
+        print("self                                                              %")
+        for frame, count in own:
+            print(f"  {frame[:64]:64s} {100 * count / max(total, 1):5.1f}")
+        print("inclusive")
+        for frame, count in inclusive:
+            print(f"  {frame[:64]:64s} {100 * count / max(total, 1):5.1f}")
+
+
+if __name__ == "__main__":
+    main()
