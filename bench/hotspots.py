@@ -135,7 +135,10 @@ def main() -> None:
                         argv.append("--idle")
                     spies[name] = (subprocess.Popen(argv, stdout=subprocess.DEVNULL), raw)
                 time.sleep(1.0)  # py-spy attaches
-                meter = CpuMeter({"stack": [up.pid], "engines": [e.pid for e in engines]})
+                groups = {"stack": [up.pid]} | {
+                    f"engine-{i}": [e.pid] for i, e in enumerate(engines)
+                }
+                meter = CpuMeter(groups)
                 before = meter.snapshot()
                 wall = asyncio.run(load(args.requests, "run"))
                 cpu = meter.diff(before, meter.snapshot())
@@ -152,7 +155,9 @@ def main() -> None:
     stack = {name: sec * per_k for name, sec in sorted(cpu["stack"].items()) if sec > 0}
     print(f"CPU seconds per 1000 requests: stack {sum(stack.values()):.2f} ("
           + ", ".join(f"{name} {sec:.2f}" for name, sec in stack.items())
-          + f"), engines {sum(cpu['engines'].values()) * per_k:.2f}")  # fmt: skip
+          + "), engines " + ", ".join(
+              f"{sum(cpu[f'engine-{i}'].values()) * per_k:.2f}" for i in range(len(engines))
+          ))  # fmt: skip
     for name, (_, raw) in spies.items():
         if not raw.exists():
             print(f"\n## {name}: no profile (py-spy failed?)")

@@ -311,25 +311,27 @@ async def _stream(
     chat: bool,
     include_usage: bool,
 ) -> AsyncIterator[bytes]:
-    if chat:
-        yield frames.first()  # type: ignore[union-attr]
+    """The SSE body. Every yield is one write to the client, so frames that are ready together
+    go out together: the role chunk with the first content, and finish, usage and [DONE]."""
     item = first
+    tail = b""
     try:
-        while True:
-            if type(item) is str:
-                yield frames.delta(item)
-            else:
-                outcome: Outcome = item  # type: ignore[assignment]
-                yield frames.finish(outcome.finish_reason)
-                if include_usage:
-                    yield frames.usage(
-                        outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens
-                    )
-                break
-            item = await anext(texts)
+        if type(item) is str:
+            head = frames.first() if chat else b""  # type: ignore[union-attr]
+            yield head + frames.delta(item)
+            while type(item := await anext(texts)) is str:
+                yield frames.delta(item)  # type: ignore[arg-type]
+        elif chat:
+            tail = frames.first()  # type: ignore[union-attr]
+        outcome: Outcome = item  # type: ignore[assignment]
+        tail += frames.finish(outcome.finish_reason)
+        if include_usage:
+            tail += frames.usage(
+                outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens
+            )
     except Exception as exc:
         err = _request_error(exc)
-        yield sse.sse_error(err.message, err.type, err.code, err.param)
+        tail += sse.sse_error(err.message, err.type, err.code, err.param)
     finally:
         await texts.aclose()
-    yield sse.DONE
+    yield tail + sse.DONE
