@@ -11,6 +11,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import msgspec
 import orjson
@@ -46,7 +47,30 @@ from switchyard.protos.messages import RouteRequest, SamplingParams
 log = logging.getLogger(__name__)
 
 JSON = "application/json"
-_STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass(frozen=True, slots=True)
+class EventStream:
+    """A streamed answer (status 200, text/event-stream): its SSE frames, each one write."""
+
+    frames: AsyncIterator[bytes]
+    status_code: int = 200
+
+
+async def generation(
+    state: PreprocessorState, body: bytes, chat: bool, started: float
+) -> Response | EventStream:
+    """POST /v1/chat/completions (chat) or /v1/completions: the answer to `body`, with
+    every failure turned into an OpenAI-shaped error response, and the request counted."""
+    try:
+        req = parse_chat_completion(body) if chat else parse_completion(body)
+        answer = await _serve(state, req, "chatcmpl" if chat else "cmpl", started)
+    except Exception as exc:
+        answer = _error(_request_error(exc))
+    endpoint = "chat_completions" if chat else "completions"
+    state.metrics.requests.labels(endpoint, str(answer.status_code)).inc()
+    return answer
 
 
 def _json(body: bytes, status: int = 200) -> Response:
@@ -135,16 +159,15 @@ def create_app(state: PreprocessorState) -> FastAPI:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def handle(request: Request, chat: bool) -> Response:
+        # Normally served by fast_path in front of this app; these routes answer the same
+        # for an app mounted without it.
         started = time.perf_counter()
-        try:
-            body = await request.body()
-            req = parse_chat_completion(body) if chat else parse_completion(body)
-            response = await _serve(state, req, "chatcmpl" if chat else "cmpl", started)
-        except Exception as exc:
-            response = _error(_request_error(exc))
-        endpoint = "chat_completions" if chat else "completions"
-        state.metrics.requests.labels(endpoint, str(response.status_code)).inc()
-        return response
+        answer = await generation(state, await request.body(), chat, started)
+        if isinstance(answer, EventStream):
+            return StreamingResponse(
+                answer.frames, media_type="text/event-stream", headers=STREAM_HEADERS
+            )
+        return answer
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -247,7 +270,7 @@ async def _serve(
     req: ChatCompletionRequest | CompletionRequest,
     prefix: str,
     started: float,
-) -> Response:
+) -> Response | EventStream:
     entry, prompt_ids, param = _prompt(state, req)
     tokenizer = state.require_tokenizer()
     max_tokens = check_context(
@@ -273,8 +296,7 @@ async def _serve(
         if chat
         else sse.CompletionStream(request_id, req.model, created)
     )
-    body = _stream(texts, first, frames, chat, req.include_usage)
-    return StreamingResponse(body, media_type="text/event-stream", headers=_STREAM_HEADERS)
+    return EventStream(_stream(texts, first, frames, chat, req.include_usage))
 
 
 async def _collect(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import socket
 from pathlib import Path
 
 import uvicorn
@@ -10,6 +11,7 @@ import uvicorn
 from switchyard.common import endpoints
 from switchyard.common.logs import setup_logging
 from switchyard.preprocessor.app import create_app
+from switchyard.preprocessor.fast_path import FastPath
 from switchyard.preprocessor.state import PreprocessorConfig, PreprocessorState
 
 
@@ -44,6 +46,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds without a reply after which a stream counts as failed",
     )
     parser.add_argument("--migration-limit", type=int, default=3)
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=32 * 1024 * 1024,
+        help="larger generation requests get 413 (default 32 MiB)",
+    )
+    parser.add_argument(
+        "--reuse-port",
+        action="store_true",
+        help="bind with SO_REUSEPORT, so several preprocessor processes share --port "
+        "(the kernel spreads connections over them)",
+    )
     parser.add_argument("--log-level", default="INFO")
 
 
@@ -59,15 +73,30 @@ def run(args: argparse.Namespace) -> int:
         stream_idle_timeout=args.stream_idle_timeout,
         migration_limit=args.migration_limit,
     )
-    app = create_app(PreprocessorState(config))
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        loop="uvloop",
-        http="httptools",
-        log_level="warning",
-        access_log=False,
-        log_config=None,
+    state = PreprocessorState(config)
+    app = FastPath(create_app(state), state, args.max_body_bytes)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            loop="uvloop",
+            http="httptools",
+            log_level="warning",
+            access_log=False,
+            log_config=None,
+        )
     )
+    sockets = [_reuse_port_socket(args.host, args.port)] if args.reuse_port else None
+    server.run(sockets=sockets)
     return 0
+
+
+def _reuse_port_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
