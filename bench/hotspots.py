@@ -27,7 +27,7 @@ from pathlib import Path
 
 from load import MODEL, Processes, served_tokenizer_dir, start_engines, switchyard_stack
 from loadgen import HttpTarget, closed_loop, prompts
-from procstat import CpuMeter, children_map, label, tree
+from procstat import CLOCK_TICKS, CpuMeter, children_map, label, tree
 
 HERE = Path(__file__).resolve().parent
 SERVICES = ("preprocessor", "dispatcher", "router")
@@ -47,6 +47,20 @@ def service_pids(root: int) -> dict[str, int]:
         if name in SERVICES and name not in found:
             found[name] = pid
     return found
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds per thread name of a process (ZMQ's I/O threads, gRPC's, the main one)."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return out
 
 
 def frame_name(frame: str) -> str:
@@ -140,8 +154,16 @@ def main() -> None:
                 }
                 meter = CpuMeter(groups)
                 before = meter.snapshot()
+                threads_before = {name: thread_cpu(pid) for name, pid in pids.items()}
                 wall = asyncio.run(load(args.requests, "run"))
                 cpu = meter.diff(before, meter.snapshot())
+                threads = {
+                    name: {
+                        thread: spent - threads_before[name].get(thread, 0.0)
+                        for thread, spent in thread_cpu(pid).items()
+                    }
+                    for name, pid in pids.items()
+                }
                 for proc, _ in spies.values():
                     proc.send_signal(2)  # SIGINT: py-spy writes its output and exits
                 for proc, _ in spies.values():
@@ -158,6 +180,15 @@ def main() -> None:
           + "), engines " + ", ".join(
               f"{sum(cpu[f'engine-{i}'].values()) * per_k:.2f}" for i in range(len(engines))
           ))  # fmt: skip
+    for name, spent in threads.items():
+        print(
+            f"  {name} threads: "
+            + ", ".join(
+                f"{thread} {sec * per_k:.2f}"
+                for thread, sec in sorted(spent.items(), key=lambda kv: -kv[1])
+                if sec > 0
+            )
+        )
     for name, (_, raw) in spies.items():
         if not raw.exists():
             print(f"\n## {name}: no profile (py-spy failed?)")

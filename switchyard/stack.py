@@ -70,8 +70,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--http-host", default=endpoints.HTTP_HOST)
     parser.add_argument("--http-port", type=int, default=endpoints.HTTP_PORT)
     parser.add_argument("--router-mode", default="kv")
-    parser.add_argument("--dispatchers", type=int, default=1, help="dispatcher replicas")
-    parser.add_argument("--routers", type=int, default=1, help="router replicas")
+    parser.add_argument("--dispatchers", type=_count, default=1, help="dispatcher replicas")
+    parser.add_argument("--routers", type=_count, default=1, help="router replicas")
+    parser.add_argument(
+        "--preprocessors",
+        type=_count,
+        default=1,
+        help="preprocessor processes sharing --http-port (SO_REUSEPORT; one per spare core)",
+    )
     parser.add_argument(
         "--no-restart",
         action="store_true",
@@ -103,8 +109,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics",
         action="store_true",
-        help="serve Prometheus /metrics from fleet, routers and dispatchers on free ports "
-        "(logged); the preprocessor always serves GET /metrics",
+        help="serve Prometheus /metrics from fleet, routers, dispatchers and each preprocessor "
+        "on free ports (logged); GET /metrics on the HTTP port answers for whichever "
+        "preprocessor takes the connection",
     )
     parser.add_argument(
         "--router-metrics-port",
@@ -113,6 +120,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve the router's Prometheus metrics on this port",
     )
     parser.add_argument("--log-level", default="INFO")
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def build_stack(args: argparse.Namespace) -> tuple[list[ChildSpec], list[str]]:
@@ -185,7 +199,13 @@ def build_stack(args: argparse.Namespace) -> tuple[list[ChildSpec], list[str]]:
         pre += ["--dispatcher", endpoint]
     if args.tokenizer:
         pre += ["--tokenizer", args.tokenizer]
-    specs.append(ChildSpec("preprocessor", pre))
+    count = args.preprocessors
+    for index in range(count):
+        name = "preprocessor" if count == 1 else f"preprocessor-{index}"
+        cmd = pre + (["--reuse-port"] if count > 1 else [])
+        if args.metrics:
+            cmd += _metrics_flags(name)
+        specs.append(ChildSpec(name, cmd))
     return specs, workers
 
 

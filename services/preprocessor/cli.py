@@ -10,6 +10,7 @@ import uvicorn
 
 from switchyard.common import endpoints
 from switchyard.common.logs import setup_logging
+from switchyard.common.metrics import add_metrics_arguments, serve_metrics
 from switchyard.preprocessor.app import create_app
 from switchyard.preprocessor.fast_path import FastPath
 from switchyard.preprocessor.state import PreprocessorConfig, PreprocessorState
@@ -58,6 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="bind with SO_REUSEPORT, so several preprocessor processes share --port "
         "(the kernel spreads connections over them)",
     )
+    add_metrics_arguments(parser)  # /metrics is also served on the HTTP port
     parser.add_argument("--log-level", default="INFO")
 
 
@@ -74,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         migration_limit=args.migration_limit,
     )
     state = PreprocessorState(config)
+    serve_metrics(state.metrics.registry, args.metrics_host, args.metrics_port)
     app = FastPath(create_app(state), state, args.max_body_bytes)
     server = uvicorn.Server(
         uvicorn.Config(
