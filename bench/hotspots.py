@@ -106,6 +106,12 @@ def main() -> None:
     parser.add_argument("--router-mode", default="round_robin")
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument(
+        "--up-arg",
+        action="append",
+        default=[],
+        help="extra flag for `switchyard up` (repeat; e.g. --up-arg=--preprocessors=2)",
+    )
     parser.add_argument("--idle", action="store_true", help="include idle (waiting) samples")
     parser.add_argument(
         "--no-spy", action="store_true", help="only measure CPU per request (no py-spy attached)"
@@ -121,7 +127,8 @@ def main() -> None:
         try:
             tokenizer, _template = served_tokenizer_dir(Path(tmp) / "tokenizer")
             engines, _urls, kv_urls = start_engines(procs, 2, tokenizer, 20.0, 5.0)
-            with switchyard_stack(procs, "switchyard", kv_urls, args.router_mode) as (base, up):
+            stack = switchyard_stack(procs, "switchyard", kv_urls, args.router_mode, args.up_arg)
+            with stack as (base, up):
                 pids = service_pids(up.pid)
                 target = HttpTarget("switchyard", base, MODEL, args.max_tokens)
 

@@ -238,10 +238,11 @@ def start_engines(
 
 @contextlib.contextmanager
 def switchyard_stack(
-    procs: Processes, name: str, kv_urls: list[str], router_mode: str
+    procs: Processes, name: str, kv_urls: list[str], router_mode: str, extra: Sequence[str] = ()
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     port = free_port()
     args = ["up", "--http-port", str(port), "--router-mode", router_mode, "--log-level", "WARNING"]
+    args += extra
     for url in kv_urls:
         args += ["--worker", url]
     proc = procs.start_switchyard(name, *args)
