@@ -25,6 +25,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from harness import pct
 from load import MODEL, Processes, served_tokenizer_dir, start_engines, switchyard_stack
 from loadgen import HttpTarget, closed_loop, prompts
 from procstat import CLOCK_TICKS, CpuMeter, children_map, label, tree
@@ -142,11 +143,14 @@ def main() -> None:
                         failed = [s.error for s in samples if not s.ok]
                         if failed:
                             sys.exit(f"{len(failed)} of {n} requests failed: {failed[0]}")
+                        ttfts.extend(1000 * s.ttft for s in samples)
                         return wall
                     finally:
                         await target.close()
 
+                ttfts: list[float] = []
                 asyncio.run(load(min(256, args.requests), "warm"))
+                ttfts.clear()
                 spies = {}
                 for name, pid in pids.items() if not args.no_spy else ():
                     raw = args.out / f"{name}.txt"
@@ -180,6 +184,8 @@ def main() -> None:
 
     print(f"{args.requests} requests at concurrency {args.concurrency} in {wall:.1f} s "
           f"({args.requests / wall:.1f} req/s), router mode {args.router_mode}")  # fmt: skip
+    print(f"TTFT ms: p50 {pct(ttfts, 0.5):.1f}, p90 {pct(ttfts, 0.9):.1f}, "
+          f"p99 {pct(ttfts, 0.99):.1f}")  # fmt: skip
     per_k = 1000 / args.requests
     stack = {name: sec * per_k for name, sec in sorted(cpu["stack"].items()) if sec > 0}
     print(f"CPU seconds per 1000 requests: stack {sum(stack.values()):.2f} ("
