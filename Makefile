@@ -40,5 +40,6 @@ bench: $(STAMP)
 	$(BIN)/python bench/kv_ingest.py
 	$(BIN)/python bench/route_decision.py
 	$(BIN)/python bench/load.py
+	$(BIN)/python bench/long_prompts.py
 	$(BIN)/python bench/faults.py
 	$(BIN)/python bench/disagg.py

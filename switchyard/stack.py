@@ -107,6 +107,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--router-arg=--disagg-min-uncached-tokens=512)",
     )
     parser.add_argument(
+        "--preprocessor-arg",
+        action="append",
+        default=[],
+        help="extra flag passed to every preprocessor (repeat; e.g. "
+        "--preprocessor-arg=--stream-idle-timeout=30)",
+    )
+    parser.add_argument(
         "--metrics",
         action="store_true",
         help="serve Prometheus /metrics from fleet, routers, dispatchers and each preprocessor "
@@ -199,6 +206,7 @@ def build_stack(args: argparse.Namespace) -> tuple[list[ChildSpec], list[str]]:
         pre += ["--dispatcher", endpoint]
     if args.tokenizer:
         pre += ["--tokenizer", args.tokenizer]
+    pre += args.preprocessor_arg
     count = args.preprocessors
     for index in range(count):
         name = "preprocessor" if count == 1 else f"preprocessor-{index}"

@@ -184,7 +184,7 @@ def create_app(state: PreprocessorState) -> FastAPI:
     return app
 
 
-def _prompt(
+async def _prompt(
     state: PreprocessorState, req: ChatCompletionRequest | CompletionRequest
 ) -> tuple[ModelEntry, list[int], str]:
     """The model entry, the prompt's token ids and the request field they came from."""
@@ -194,11 +194,13 @@ def _prompt(
             raise ServiceUnavailableError("No engine is available: none is routable right now.")
         raise ModelNotFoundError(req.model)
     tokenizer = state.require_tokenizer()
+    offload = state.config.tokenize_offload_chars
     if isinstance(req, ChatCompletionRequest):
-        prompt_ids = tokenizer.encode(tokenizer.chat_template.render(req.messages))
+        text = tokenizer.chat_template.render(req.messages)
+        prompt_ids = await tokenizer.encode_async(text, offload_chars=offload)
         param = "messages"
     elif isinstance(req.prompt, str):
-        prompt_ids = tokenizer.encode(req.prompt)
+        prompt_ids = await tokenizer.encode_async(req.prompt, offload_chars=offload)
         param = "prompt"
     else:
         prompt_ids = list(req.prompt)
@@ -225,7 +227,7 @@ async def _debug_route(state: PreprocessorState, body: bytes) -> Response:
     except RequestError as exc:
         return _error(exc)
     try:
-        _entry, prompt_ids, _param = _prompt(state, req)
+        _entry, prompt_ids, _param = await _prompt(state, req)
         request_id = f"route-{uuid.uuid4().hex}"
         reply = await state.router.route(
             RouteRequest(
@@ -271,7 +273,7 @@ async def _serve(
     prefix: str,
     started: float,
 ) -> Response | EventStream:
-    entry, prompt_ids, param = _prompt(state, req)
+    entry, prompt_ids, param = await _prompt(state, req)
     tokenizer = state.require_tokenizer()
     max_tokens = check_context(
         len(prompt_ids), req.sampling.max_tokens, entry.context_length, param

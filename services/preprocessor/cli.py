@@ -14,6 +14,7 @@ from switchyard.common.metrics import add_metrics_arguments, serve_metrics
 from switchyard.preprocessor.app import create_app
 from switchyard.preprocessor.fast_path import FastPath
 from switchyard.preprocessor.state import PreprocessorConfig, PreprocessorState
+from switchyard.preprocessor.tokenizer import OFFLOAD_CHARS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,6 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--migration-limit", type=int, default=3)
     parser.add_argument(
+        "--tokenize-offload-chars",
+        type=int,
+        default=OFFLOAD_CHARS,
+        help="prompts of at least this many characters are tokenized on a worker thread, "
+        "off the event loop that streams every other request (0: always)",
+    )
+    parser.add_argument(
         "--max-body-bytes",
         type=int,
         default=32 * 1024 * 1024,
@@ -74,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         route_timeout=args.route_timeout,
         stream_idle_timeout=args.stream_idle_timeout,
         migration_limit=args.migration_limit,
+        tokenize_offload_chars=args.tokenize_offload_chars,
     )
     state = PreprocessorState(config)
     serve_metrics(state.metrics.registry, args.metrics_host, args.metrics_port)

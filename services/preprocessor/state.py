@@ -19,7 +19,7 @@ from switchyard.preprocessor.errors import ServiceUnavailableError
 from switchyard.preprocessor.metrics import PreprocessorMetrics
 from switchyard.preprocessor.pipeline import Pipeline
 from switchyard.preprocessor.router_client import RouterClient
-from switchyard.preprocessor.tokenizer import TokenizerBundle
+from switchyard.preprocessor.tokenizer import OFFLOAD_CHARS, TokenizerBundle
 from switchyard.preprocessor.tokenizer_source import fetch_from_engines
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,7 @@ class PreprocessorConfig:
     route_timeout: float = 5.0
     stream_idle_timeout: float = 60.0
     migration_limit: int = 3
+    tokenize_offload_chars: int = OFFLOAD_CHARS
 
     def __post_init__(self) -> None:
         if not self.dispatchers or not self.routers:
@@ -43,6 +44,8 @@ class PreprocessorConfig:
             raise ValueError("timeouts must be positive")
         if self.migration_limit < 0:
             raise ValueError("--migration-limit must be >= 0")
+        if self.tokenize_offload_chars < 0:
+            raise ValueError("--tokenize-offload-chars must be >= 0")
 
 
 @dataclass

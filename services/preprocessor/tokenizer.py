@@ -9,6 +9,7 @@ pure-Python tokenizer).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib.util
 import io
@@ -29,6 +30,9 @@ MODEL_CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 TEMPLATE_FILE = "chat_template.jinja"
 MAX_UNZIPPED_BYTES = 1 << 30
+# Texts from this length on are tokenized off the event loop (~0.5 ms of encoding here; a
+# 190k-character prompt takes ~60 ms, during which an inline encode stalls every stream).
+OFFLOAD_CHARS = 2048
 
 
 def default_tokenizer_dir() -> Path:
@@ -104,6 +108,20 @@ class TokenizerBundle:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of `text`; rendered chat templates already carry the BOS."""
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    async def encode_async(
+        self, text: str, add_special_tokens: bool = False, offload_chars: int = OFFLOAD_CHARS
+    ) -> list[int]:
+        """`encode` that does not hold up the event loop for a long text: from
+        `offload_chars` characters on, it runs on a worker thread through `encode_batch`,
+        which releases the GIL (`encode` does not), so the other requests' tokens keep
+        streaming meanwhile. Shorter texts are cheaper inline than a thread hop."""
+        if len(text) < offload_chars:
+            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        encode_batch = self.tokenizer.encode_batch
+        return await asyncio.to_thread(
+            lambda: encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        )
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)

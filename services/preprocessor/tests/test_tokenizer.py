@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import json
@@ -52,6 +53,41 @@ class TestBundle:
 
     def test_encode_recognises_bos_text(self, bundle: TokenizerBundle) -> None:
         assert bundle.encode(BOS + "Hi")[0] == 0
+
+    @pytest.mark.parametrize("offload_chars", [0, 10**9])
+    async def test_encode_async_gives_the_same_ids(
+        self, bundle: TokenizerBundle, offload_chars: int
+    ) -> None:
+        text = BOS + "Rail yards sort freight cars onto tracks. " * 200
+        ids = await bundle.encode_async(text, offload_chars=offload_chars)
+        assert ids == bundle.encode(text)
+
+    async def test_a_long_text_is_encoded_while_the_loop_runs(
+        self, bundle: TokenizerBundle
+    ) -> None:
+        """Off the loop (and without the GIL): a ticker task keeps ticking meanwhile."""
+        text = "switch track signal " * 40_000
+        ticks = 0
+        done = False
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not done:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        before = ticks
+        await bundle.encode_async(text, offload_chars=0)
+        offloaded = ticks - before
+        before = ticks
+        await bundle.encode_async(text, offload_chars=len(text) + 1)  # inline: no ticks
+        inline = ticks - before
+        done = True
+        await task
+        assert inline == 0
+        assert offloaded > 10
 
     def test_missing_tokenizer_json(self, tmp_path: Path) -> None:
         with pytest.raises(TokenizerLoadError, match="tokenizer.json"):
