@@ -201,13 +201,13 @@ class Pipeline:
                                     break
                                 ids.extend(more.token_ids)
                             reply = TokenDelta(reply.request_id, ids)
-                        if first:
+                        generated.extend(reply.token_ids)
+                        yield reply
+                        if first:  # told after the client has its first token, not before
                             first = False
                             await self.router.progress(
                                 inp.request_id, instance_id, STAGE_FIRST_TOKEN, final=False
                             )
-                        generated.extend(reply.token_ids)
-                        yield reply
                     elif type(reply) is GenerateFinished:
                         engine_done = True
                         yield msgspec.structs.replace(
