@@ -39,7 +39,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/kv_routing.py
 	$(BIN)/python bench/kv_ingest.py
 	$(BIN)/python bench/route_decision.py
-	$(BIN)/python bench/load.py
+	$(BIN)/python bench/load.py --with-smg
 	$(BIN)/python bench/long_prompts.py
 	$(BIN)/python bench/faults.py
 	$(BIN)/python bench/disagg.py

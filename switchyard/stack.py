@@ -85,8 +85,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--tokenizer",
-        default=None,
-        help="tokenizer folder for the preprocessor (default: from an engine)",
+        action="append",
+        default=[],
+        metavar="[MODEL=]DIR",
+        help="tokenizer folder for the preprocessor: DIR for every model, MODEL=DIR for one "
+        "(repeat; default: each model's from its engines)",
     )
     parser.add_argument("--mock-ttft-ms", type=float, default=20.0)
     parser.add_argument("--mock-itl-ms", type=float, default=5.0)
@@ -204,8 +207,8 @@ def build_stack(args: argparse.Namespace) -> tuple[list[ChildSpec], list[str]]:
         pre += ["--router", endpoint]
     for endpoint in dispatchers:
         pre += ["--dispatcher", endpoint]
-    if args.tokenizer:
-        pre += ["--tokenizer", args.tokenizer]
+    for tokenizer in args.tokenizer:
+        pre += ["--tokenizer", tokenizer]
     pre += args.preprocessor_arg
     count = args.preprocessors
     for index in range(count):

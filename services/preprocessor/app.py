@@ -193,7 +193,7 @@ async def _prompt(
         if not state.catalog:
             raise ServiceUnavailableError("No engine is available: none is routable right now.")
         raise ModelNotFoundError(req.model)
-    tokenizer = state.require_tokenizer()
+    tokenizer = state.require_tokenizer(req.model)
     offload = state.config.tokenize_offload_chars
     if isinstance(req, ChatCompletionRequest):
         text = tokenizer.chat_template.render(req.messages)
@@ -274,7 +274,7 @@ async def _serve(
     started: float,
 ) -> Response | EventStream:
     entry, prompt_ids, param = await _prompt(state, req)
-    tokenizer = state.require_tokenizer()
+    tokenizer = state.require_tokenizer(req.model)
     max_tokens = check_context(
         len(prompt_ids), req.sampling.max_tokens, entry.context_length, param
     )

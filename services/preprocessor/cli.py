@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import socket
-from pathlib import Path
 
 import uvicorn
 
@@ -14,7 +13,8 @@ from switchyard.common.metrics import add_metrics_arguments, serve_metrics
 from switchyard.preprocessor.app import create_app
 from switchyard.preprocessor.fast_path import FastPath
 from switchyard.preprocessor.state import PreprocessorConfig, PreprocessorState
-from switchyard.preprocessor.tokenizer import OFFLOAD_CHARS
+from switchyard.preprocessor.tokenizer import OFFLOAD_CHARS, TOKENIZER_FILE
+from switchyard.preprocessor.tokenizer_source import parse_tokenizer_flags
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,9 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fleet-events", default=endpoints.FLEET_EVENTS)
     parser.add_argument(
         "--tokenizer",
-        type=Path,
-        default=None,
-        help="tokenizer folder; default: fetched from an engine (GetTokenizer)",
+        action="append",
+        default=[],
+        metavar="[MODEL=]DIR",
+        help="tokenizer folder: DIR for every model, MODEL=DIR for one (repeat); "
+        "default: each model's from one of its engines (GetTokenizer)",
     )
     parser.add_argument("--route-timeout", type=float, default=5.0)
     parser.add_argument(
@@ -73,12 +75,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging("preprocessor", args.log_level)
+    try:
+        default_dir, per_model = parse_tokenizer_flags(args.tokenizer)
+    except ValueError as exc:
+        raise SystemExit(f"preprocessor: --tokenizer: {exc}") from None
+    for folder in [default_dir, *per_model.values()]:
+        if folder is not None and not (folder / TOKENIZER_FILE).is_file():
+            raise SystemExit(f"preprocessor: --tokenizer: no {TOKENIZER_FILE} in {folder}")
     config = PreprocessorConfig(
         routers=args.router or [endpoints.ROUTER],
         dispatchers=args.dispatcher or [endpoints.DISPATCHER],
         fleet_control=args.fleet_control,
         fleet_events=args.fleet_events,
-        tokenizer_dir=args.tokenizer,
+        tokenizer_dir=default_dir,
+        tokenizer_dirs=per_model,
         route_timeout=args.route_timeout,
         stream_idle_timeout=args.stream_idle_timeout,
         migration_limit=args.migration_limit,

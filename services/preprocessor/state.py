@@ -3,7 +3,6 @@ clients, the tokenizer, and the model catalog derived from fleet's instance set.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -20,7 +19,7 @@ from switchyard.preprocessor.metrics import PreprocessorMetrics
 from switchyard.preprocessor.pipeline import Pipeline
 from switchyard.preprocessor.router_client import RouterClient
 from switchyard.preprocessor.tokenizer import OFFLOAD_CHARS, TokenizerBundle
-from switchyard.preprocessor.tokenizer_source import fetch_from_engines
+from switchyard.preprocessor.tokenizer_source import ModelTokenizers
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +30,8 @@ class PreprocessorConfig:
     dispatchers: list[str]
     fleet_control: str
     fleet_events: str
-    tokenizer_dir: Path | None = None
+    tokenizer_dir: Path | None = None  # for every model (else fetched from its engines)
+    tokenizer_dirs: dict[str, Path] = field(default_factory=dict)  # per model
     route_timeout: float = 5.0
     stream_idle_timeout: float = 60.0
     migration_limit: int = 3
@@ -52,7 +52,6 @@ class PreprocessorConfig:
 class PreprocessorState:
     config: PreprocessorConfig
     catalog: dict[str, ModelEntry] = field(default_factory=dict)
-    tokenizer: TokenizerBundle | None = None
 
     def __post_init__(self) -> None:
         cfg = self.config
@@ -70,22 +69,29 @@ class PreprocessorState:
             on_router_fallback=self.metrics.router_fallback.inc,
             instances=lambda: self.fleet.instances,
         )
-        self._tasks: list[asyncio.Task[None]] = []
+        self.tokenizers = ModelTokenizers(
+            lambda: self.fleet.instances, cfg.tokenizer_dir, cfg.tokenizer_dirs
+        )
 
     def _on_change(self, events: object) -> None:
         self.catalog = build_catalog(self.fleet.instances)
+        self.tokenizers.sync(self.catalog)
 
     def not_ready_reason(self) -> str:
-        if self.tokenizer is None:
-            return "the tokenizer is not loaded yet"
+        """Ready when some served model can be served (has its tokenizer)."""
         if not self.catalog:
             return "no engine is routable"
+        if not self.tokenizers.loaded() & self.catalog.keys():
+            return "the tokenizer is not loaded yet"
         return ""
 
-    def require_tokenizer(self) -> TokenizerBundle:
-        if self.tokenizer is None:
-            raise ServiceUnavailableError("The tokenizer is not loaded yet.", "not_ready")
-        return self.tokenizer
+    def require_tokenizer(self, model: str) -> TokenizerBundle:
+        tokenizer = self.tokenizers.get(model)
+        if tokenizer is None:
+            raise ServiceUnavailableError(
+                f"The tokenizer of model {model!r} is not loaded yet.", "not_ready"
+            )
+        return tokenizer
 
     def models_body(self) -> bytes:
         return orjson.dumps(
@@ -104,28 +110,17 @@ class PreprocessorState:
             }
         )
 
-    async def _load_tokenizer(self) -> None:
-        if self.config.tokenizer_dir is not None:
-            self.tokenizer = await asyncio.to_thread(
-                TokenizerBundle.from_dir, self.config.tokenizer_dir
-            )
-            log.info("tokenizer loaded from %s", self.config.tokenizer_dir)
-        else:
-            self.tokenizer = await fetch_from_engines(lambda: self.fleet.instances)
-
     @contextlib.asynccontextmanager
     async def lifespan(self, app: object) -> AsyncIterator[None]:
         self.router.start()
         self.dispatcher.start()
         await self.fleet.start()
         self.catalog = build_catalog(self.fleet.instances)
-        self._tasks.append(asyncio.create_task(self._load_tokenizer()))
+        self.tokenizers.sync(self.catalog)
         try:
             yield
         finally:
-            for task in self._tasks:
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self.tokenizers.close()
             await self.fleet.close()
             await self.router.close()
             await self.dispatcher.close()
