@@ -18,6 +18,8 @@ import httpx
 import pytest
 from e2e_stack import Processes, free_port, running_stack, wait_until
 
+from switchyard.common.instance_id import instance_id
+
 MODEL = "deepseek-mock"
 PROMPTS = [
     "Describe a shunting yard in one paragraph.",
@@ -72,9 +74,10 @@ def disagg_stack(
     engine_args: list[list[str]],
     listed_prefill: tuple[int, ...] = (),
     idle_timeout: float = 5.0,
+    ports: list[int] | None = None,
 ) -> Iterator[DisaggStack]:
     """Engines in order (the first is the prefill one); `listed_prefill`: indexes given to
-    fleet's --prefill."""
+    fleet's --prefill; `ports`: the engines' gRPC ports (default: free ones)."""
     control, events = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
     fleet_flags = ["--fleet-control", control, "--fleet-events", events]
     http = free_port()
@@ -82,7 +85,7 @@ def disagg_stack(
         workers: list[str] = []
         names = []
         for n, extra in enumerate(engine_args):
-            port = free_port()
+            port = ports[n] if ports else free_port()
             name = f"engine-{n}"
             procs.start(
                 name,
@@ -223,3 +226,34 @@ def test_switchyard_up_with_role_mocks(aggregated_texts):
         log = stack.log()
         assert count(log, "kv handed over") == len(PROMPTS)
         assert count(log, "kv received") == len(PROMPTS)
+
+
+@pytest.mark.parametrize("protocol", ["sglang", "vllm"])
+@pytest.mark.parametrize("fault", ["--exit-on-kv-fetch", "--exit-after-tokens=1"])
+def test_prefill_engine_crashing_mid_request_streams_go_on(protocol, fault, aggregated_texts):
+    """Two prefill engines; the one the router picks first (equal costs: the lowest instance
+    id) crashes (os._exit) in the middle of its first request: as the decode engine fetches
+    the KV (before any is sent), or once the prefill is done and handed over. Every request
+    gets the aggregated answer, within bounded time; a transfer cut short sends the request
+    through the other prefill engine."""
+    ports = [free_port() for _ in range(4)]
+    first, second = sorted(ports[:2], key=lambda p: instance_id(f"grpc://127.0.0.1:{p}"))
+    ports[:2] = [first, second]
+    prefill = ["--role", "prefill"] + (["--bootstrap-port", "0"] if protocol == "sglang" else [])
+    engines = [prefill + [fault], prefill, ["--role", "decode"], ["--role", "decode"]]
+    with disagg_stack(protocol, engines, ports=ports) as stack:
+        crashed = stack.procs.procs[stack.engines[0]]
+        for p in PROMPTS:
+            started = time.monotonic()
+            assert text_of(chat(stack.base, p, timeout=30)) == aggregated_texts[p]
+            assert time.monotonic() - started < 25
+        assert crashed.poll() is not None, "the crashing prefill engine was never used"
+        crashed_log = stack.procs.log(stack.engines[0])
+        handed = count(stack.procs.log(stack.engines[1]), "kv handed over")
+        if fault == "--exit-on-kv-fetch":
+            # Nothing left the crashed engine: every prompt was prefilled by the other one.
+            assert count(crashed_log, "kv handed over") == 0
+            assert handed == len(PROMPTS)
+        else:
+            assert count(crashed_log, "kv handed over") <= 1
+            assert handed >= len(PROMPTS) - 1

@@ -139,6 +139,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="exit abruptly (os._exit, like a crash) after N tokens generated in total",
     )
     faults.add_argument(
+        "--exit-on-kv-fetch",
+        action="store_true",
+        help="prefill engines: exit abruptly when a decode engine asks for a prompt's KV, "
+        "before sending it (a prefill engine dying in the middle of a transfer)",
+    )
+    faults.add_argument(
         "--hang-after-tokens",
         type=int,
         default=None,
@@ -191,6 +197,7 @@ def config_from_args(args: argparse.Namespace) -> cfg.MockEngineConfig:
         kv_skip_seqs=cfg.parse_seq_list(args.kv_skip_seq),
         exit_after_tokens=args.exit_after_tokens,
         hang_after_tokens=args.hang_after_tokens,
+        exit_on_kv_fetch=args.exit_on_kv_fetch,
         fail_unavailable=args.fail_unavailable,
         fail_overloaded=args.fail_overloaded,
         fault_seed=args.fault_seed,

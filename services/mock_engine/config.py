@@ -127,6 +127,7 @@ class MockEngineConfig:
     # fault injection (chaos tests)
     exit_after_tokens: int | None = None  # os._exit once this many tokens were generated
     hang_after_tokens: int | None = None  # each request goes silent after this many tokens
+    exit_on_kv_fetch: bool = False  # a prefill engine dies when a decode engine fetches KV
     fail_unavailable: float = 0.0  # this fraction of Generate calls: UNAVAILABLE at once
     fail_overloaded: float = 0.0  # this fraction of Generate calls: RESOURCE_EXHAUSTED
     fault_seed: int | None = None  # None: a random seed

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from switchyard.mock_engine.config import EngineProtocol, MockEngineConfig
 from switchyard.mock_engine.errors import KvTransferFailed
+from switchyard.mock_engine.faults import exit_now
 from switchyard.mock_engine.generation import MockEngine
 from switchyard.mock_engine.kv_handover import (
     HandoverBoard,
@@ -60,10 +61,18 @@ class Disaggregation:
             return
         sglang = config.protocol is EngineProtocol.SGLANG
         wanted = config.bootstrap_port if sglang else config.side_channel_port
-        server = KvTransferServer(self.board, max_wait_s=config.bootstrap_timeout_s)
+        server = KvTransferServer(
+            self.board,
+            max_wait_s=config.bootstrap_timeout_s,
+            on_fetch=self._die_mid_transfer if config.exit_on_kv_fetch else None,
+        )
         self.port = await server.start(config.host, wanted)
         self._server = server
         logger.info("kv transfer server listening host=%s port=%d", config.host, self.port)
+
+    def _die_mid_transfer(self) -> None:
+        logger.warning("exiting abruptly as a decode engine fetches KV (--exit-on-kv-fetch)")
+        exit_now()
 
     async def stop(self) -> None:
         self.board.close()

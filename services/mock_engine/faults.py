@@ -30,7 +30,7 @@ class Refusal(enum.StrEnum):
     OVERLOADED = "overloaded"  # gRPC RESOURCE_EXHAUSTED
 
 
-def _exit_now() -> None:
+def exit_now() -> None:
     for handler in logging.getLogger().handlers:
         handler.flush()
     sys.stderr.flush()
@@ -48,7 +48,7 @@ class FaultInjector:
         fail_unavailable: float = 0.0,
         fail_overloaded: float = 0.0,
         rng: random.Random | None = None,
-        crash: Callable[[], None] = _exit_now,
+        crash: Callable[[], None] = exit_now,
     ) -> None:
         self.exit_after_tokens = exit_after_tokens
         self.hang_after_tokens = hang_after_tokens

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -83,9 +84,16 @@ def _key_of(message: dict[str, Any]) -> TransferKey:
 class KvTransferServer:
     """The prefill side's TCP listener over a HandoverBoard."""
 
-    def __init__(self, board: HandoverBoard, *, max_wait_s: float) -> None:
+    def __init__(
+        self,
+        board: HandoverBoard,
+        *,
+        max_wait_s: float,
+        on_fetch: Callable[[], None] | None = None,
+    ) -> None:
         self.board = board
         self.max_wait_s = max_wait_s
+        self._on_fetch = on_fetch  # fault injection: called as a fetch arrives
         self.port = 0
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
@@ -131,6 +139,8 @@ class KvTransferServer:
         peer = writer.get_extra_info("peername")
         peer_name = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         message = await asyncio.wait_for(_read_frame(reader), REQUEST_TIMEOUT_S)
+        if self._on_fetch is not None:
+            self._on_fetch()
         try:
             if message.get("op") != "fetch":
                 raise _FrameError(f"unknown op {message.get('op')!r}")
