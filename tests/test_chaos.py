@@ -107,11 +107,15 @@ def chaos_stack(
         procs.start("preprocessor", *pre)
         base = f"http://127.0.0.1:{http}"
         stack = Stack(procs, base, engines)
-        wait_until(
-            lambda: len(models_instances(base)) == len(protocols),
-            timeout=60,
-            what="every engine routable",
-        )
+        try:
+            wait_until(
+                lambda: len(models_instances(base)) == len(protocols),
+                timeout=60,
+                what="every engine routable",
+            )
+        except AssertionError as exc:
+            logs = "\n".join(f"--- {name}\n{procs.log(name)[-1500:]}" for name in procs.procs)
+            raise AssertionError(f"{exc}\n{logs}") from None
         yield stack
 
 
