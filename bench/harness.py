@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,11 +11,7 @@ from collections.abc import Iterator, Sequence
 
 import httpx
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from switchyard.common.ports import free_port
 
 
 def pct(values: Sequence[float], q: float) -> float:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-import socket
 import sys
 import time
 import urllib.error
@@ -18,17 +17,12 @@ import urllib.request
 
 from switchyard.common import endpoints
 from switchyard.common.logs import setup_logging
+from switchyard.common.ports import free_port
 from switchyard.supervisor import ChildSpec, Supervisor
 
 log = logging.getLogger("switchyard.up")
 
 PROTOCOLS = ("sglang", "vllm")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def _protocol_list(text: str) -> list[str]:

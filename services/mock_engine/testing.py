@@ -19,7 +19,6 @@ import contextlib
 import dataclasses
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -29,6 +28,7 @@ import zmq
 import zmq.asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from switchyard.common.ports import free_port
 from switchyard.mock_engine.server import start_mock_engine
 
 __all__ = [
@@ -44,13 +44,6 @@ __all__ = [
 ]
 
 END_SEQ = b"\xff" * 8  # the replay end marker's sequence field
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free right now on `host` (the OS picks it; a race with other binders is possible)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 async def wait_until(

@@ -2,7 +2,6 @@
 
 import asyncio
 import contextlib
-import socket
 from types import MappingProxyType
 
 import pytest
@@ -11,6 +10,7 @@ import zmq.asyncio
 
 from switchyard.common.fleet_client import FleetClient
 from switchyard.common.instance_id import instance_id
+from switchyard.common.ports import free_port
 from switchyard.protos import codec
 from switchyard.protos.messages import (
     Ack,
@@ -39,12 +39,6 @@ def inst(port: int, model: str = "m") -> Instance:
 
 
 A, B, C = inst(1001), inst(1002), inst(1003)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def until(predicate, what: str) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import sys
 from collections.abc import Callable
 
@@ -13,14 +12,9 @@ import pytest
 
 from switchyard.common.engines import connect
 from switchyard.common.errors import EngineError
+from switchyard.common.ports import free_port
 
 DEADLINE = 20.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def until(predicate: Callable[[], object], what: str, deadline: float = DEADLINE) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -13,14 +12,10 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from switchyard.common.ports import free_port
+
 END = b"\xff" * 8
 DEADLINE = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def until(predicate: Callable[[], object], what: str, deadline: float = DEADLINE) -> None:
