@@ -44,6 +44,22 @@ def new_socket(
     return sock
 
 
+def decode_routed(
+    frames: list[bytes], decoder: msgspec.msgpack.Decoder, what: str
+) -> tuple[bytes, Any] | None:
+    """A ROUTER's incoming message, [peer identity, payload]: (identity, decoded payload), or
+    None (logged) for a malformed one."""
+    if len(frames) != 2:
+        log.warning("malformed %s (%d frames)", what, len(frames))
+        return None
+    identity, payload = frames
+    try:
+        return identity, decoder.decode(payload)
+    except msgspec.DecodeError:
+        log.warning("undecodable %s", what)
+        return None
+
+
 class LoopSocket:
     """A ZMQ socket driven straight from the event loop, for the per-token paths.
 
@@ -106,23 +122,23 @@ class LoopSocket:
             self._backlog.append((multipart, data))
             return
         try:
-            if multipart:
-                self.sock.send_multipart(data, zmq.NOBLOCK)
-            else:
-                self.sock.send(data, zmq.NOBLOCK)
+            self._send_now(multipart, data)
         except zmq.Again:
             self._backlog.append((multipart, data))
             self._loop.call_later(0.001, self._retry)
         self._sent()
 
+    def _send_now(self, multipart: bool, data: Any) -> None:
+        if multipart:
+            self.sock.send_multipart(data, zmq.NOBLOCK)
+        else:
+            self.sock.send(data, zmq.NOBLOCK)
+
     def _retry(self) -> None:
         while self._backlog and not self._closed:
             multipart, data = self._backlog[0]
             try:
-                if multipart:
-                    self.sock.send_multipart(data, zmq.NOBLOCK)
-                else:
-                    self.sock.send(data, zmq.NOBLOCK)
+                self._send_now(multipart, data)
             except zmq.Again:
                 self._loop.call_later(0.001, self._retry)
                 break

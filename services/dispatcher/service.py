@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import msgspec
 import zmq
 import zmq.asyncio
 
 from switchyard.common import errors
 from switchyard.common.fleet_client import FleetClient
-from switchyard.common.messaging import LoopSocket, new_socket
+from switchyard.common.messaging import LoopSocket, decode_routed, new_socket
 from switchyard.dispatcher.channels import ChannelPool
 from switchyard.dispatcher.metrics import DispatcherMetrics
 from switchyard.dispatcher.outbox import Outbox
@@ -67,15 +66,10 @@ class DispatcherService:
             self._ctx.term()
 
     def _on_message(self, frames: list[bytes]) -> None:
-        if len(frames) != 2:
-            log.warning("malformed dispatcher request (%d frames)", len(frames))
+        routed = decode_routed(frames, codec.dispatcher_request, "dispatcher request")
+        if routed is None:
             return
-        peer, payload = frames
-        try:
-            message = codec.dispatcher_request.decode(payload)
-        except msgspec.DecodeError:
-            log.warning("undecodable dispatcher request")
-            return
+        peer, message = routed
         if isinstance(message, GenerateRequest):
             self._start(peer, message)
         elif isinstance(message, CancelRequest):

@@ -8,12 +8,11 @@ import logging
 import time
 from collections.abc import Callable
 
-import msgspec
 import zmq
 import zmq.asyncio
 
 from switchyard.common.fleet_client import FleetClient
-from switchyard.common.messaging import LoopSocket, new_socket
+from switchyard.common.messaging import LoopSocket, decode_routed, new_socket
 from switchyard.protos import codec
 from switchyard.protos.messages import (
     InstanceAdded,
@@ -79,15 +78,10 @@ class RouterService:
             self.ingestor.apply_events(events)
 
     def _on_message(self, frames: list[bytes]) -> None:
-        if len(frames) != 2:
-            log.warning("malformed router request (%d frames)", len(frames))
+        routed = decode_routed(frames, codec.router_request, "router request")
+        if routed is None:
             return
-        identity, payload = frames
-        try:
-            message = codec.router_request.decode(payload)
-        except msgspec.DecodeError:
-            log.warning("undecodable router request")
-            return
+        identity, message = routed
         core = self.core
         if isinstance(message, RouteRequest):
             metrics = self.metrics

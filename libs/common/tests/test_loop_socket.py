@@ -7,7 +7,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from switchyard.common.messaging import DealerClient, LoopSocket, new_socket
+from switchyard.common.messaging import DealerClient, LoopSocket, decode_routed, new_socket
 from switchyard.protos import codec
 
 
@@ -171,3 +171,10 @@ async def test_dealer_client_decodes_and_hands_over_replies(ctx, endpoint):
     finally:
         await client.close()
         router.close(linger=0)
+
+
+def test_decode_routed():
+    decoder = codec.dispatcher_replies
+    assert decode_routed([b"peer", codec.encode([])], decoder, "x") == (b"peer", [])
+    assert decode_routed([b"peer"], decoder, "x") is None
+    assert decode_routed([b"peer", b"\xc1"], decoder, "x") is None
