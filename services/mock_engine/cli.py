@@ -51,6 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prefill-superlinear-tokens", type=int, default=cfg.DEFAULT_PREFILL_SUPERLINEAR_TOKENS
     )
     timing.add_argument("--batch-slowdown", type=float, default=cfg.DEFAULT_BATCH_SLOWDOWN)
+    timing.add_argument(
+        "--prefill-stalls-decode",
+        action="store_true",
+        help="prefills run one at a time and hold up the running requests' decode steps (one "
+        "GPU without chunked prefill: what prefill/decode disaggregation avoids)",
+    )
     parser.add_argument("--speedup", type=float, default=1.0, help="divides every delay")
     parser.add_argument("--role", choices=[r.value for r in cfg.Role], default=cfg.Role.BOTH.value)
     parser.add_argument("--log-level", default="INFO", choices=cfg.LOG_LEVELS, type=str.upper)
@@ -183,6 +189,7 @@ def config_from_args(args: argparse.Namespace) -> cfg.MockEngineConfig:
         prefill_ms_per_token=args.prefill_ms_per_token,
         prefill_superlinear_tokens=args.prefill_superlinear_tokens,
         batch_slowdown=args.batch_slowdown,
+        prefill_stalls_decode=args.prefill_stalls_decode,
         speedup=args.speedup,
         role=args.role,
         log_level=args.log_level,

@@ -112,6 +112,7 @@ class MockEngineConfig:
     prefill_ms_per_token: float = DEFAULT_PREFILL_MS_PER_TOKEN
     prefill_superlinear_tokens: int = DEFAULT_PREFILL_SUPERLINEAR_TOKENS
     batch_slowdown: float = DEFAULT_BATCH_SLOWDOWN
+    prefill_stalls_decode: bool = False  # one prefill at a time, decode steps wait for it
     speedup: float = 1.0
     role: Role = Role.BOTH
     log_level: str = "INFO"
@@ -271,6 +272,7 @@ class MockEngineConfig:
             prefill_per_token_s=self.prefill_ms_per_token / scale,
             prefill_superlinear_tokens=float(self.prefill_superlinear_tokens),
             batch_slowdown=self.batch_slowdown,
+            prefill_stalls_decode=self.prefill_stalls_decode,
         )
 
     def sglang_kv_events_config(self) -> str | None:

@@ -156,10 +156,12 @@ class MockEngine:
         self._wall_clock = wall_clock
         self._rng = rng if rng is not None else random.Random()
         self._active: dict[str, _Running] = {}
+        self._clock = clock  # monotonic, as the event loop's timers
         self._meter = _ThroughputMeter(clock)
         self._last_receive_time = 0.0
         self.total_requests = 0
         self.tokens_generated = 0  # over every request since start
+        self._prefill_busy_until = 0.0  # loop time; with timing.prefill_stalls_decode
 
     @property
     def max_prompt_tokens(self) -> int:
@@ -277,6 +279,21 @@ class MockEngine:
                 rid, f"transferred tokens ({request.transferred_tokens}) exceed the prompt"
             )
 
+    def _queue_prefill(self, uncached_tokens: int) -> float:
+        """With prefill_stalls_decode: book this prefill after those already running; the
+        seconds until it is done."""
+        now = self._clock()
+        start = max(now, self._prefill_busy_until)
+        self._prefill_busy_until = start + self.timing.prefill_s(uncached_tokens)
+        return self._prefill_busy_until - now
+
+    def _decode_delay(self) -> float:
+        """The next decode step, after the prefill that holds the GPU (if stalls are on)."""
+        step = self.timing.decode_step_s(len(self._active))
+        if self.timing.prefill_stalls_decode:
+            step += max(0.0, self._prefill_busy_until - self._clock())
+        return step
+
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Step]:
         """Validate and run one request (raises RequestRejected before the first step)."""
         self.validate(request)
@@ -309,7 +326,9 @@ class MockEngine:
             eos = self.oracle.eos_token_id
             produced = 0
             if request.transferred_tokens:  # the KV arrived: straight to decoding
-                first_delay = self.timing.decode_step_s(len(self._active))
+                first_delay = self._decode_delay()
+            elif self.timing.prefill_stalls_decode:
+                first_delay = self._queue_prefill(len(prompt) - cached) + self.timing.ttft_s
             else:
                 first_delay = self.timing.first_token_s(len(prompt) - cached)
             await running.pause(first_delay)
@@ -359,7 +378,7 @@ class MockEngine:
                     faults.after_token(self.tokens_generated)
                 if finish is not None:
                     return
-                await running.pause(self.timing.decode_step_s(len(self._active)))
+                await running.pause(self._decode_delay())
         finally:
             del self._active[rid]
             if prefilled and not each_step:  # SGLang caches a finished request's sequence

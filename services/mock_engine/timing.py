@@ -4,6 +4,10 @@
     first_token_s(u) = prefill_s(u) + ttft                                   (ttft: a fixed extra)
     decode_step_s(n) = itl * (1 + batch_slowdown * n)                        (n: running requests)
 
+With `prefill_stalls_decode` the engine also models what a prefill does to the batch on one
+GPU without chunked prefill: prefills run one at a time, and a decode step due while a
+prefill runs waits for it (MockEngine keeps the busy window; this module stays pure).
+
 Every figure is in seconds, already divided by the speedup. Pure functions of their inputs, so
 tests check the shape of the curve without sleeping.
 """
@@ -21,6 +25,7 @@ class Timing:
     prefill_per_token_s: float = 0.0
     prefill_superlinear_tokens: float = 8192.0
     batch_slowdown: float = 0.0
+    prefill_stalls_decode: bool = False
 
     def prefill_s(self, uncached_tokens: int) -> float:
         """The prefill of `uncached_tokens` tokens (superlinear: attention grows with length)."""

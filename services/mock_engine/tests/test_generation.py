@@ -329,3 +329,43 @@ class TestTransferredPrompt:
         request = GenerationRequest("d", PROMPT, SamplingSpec(), len(PROMPT) + 1)
         with pytest.raises(RequestRejected):
             await anext(aiter(make_engine(facts).generate(request)))
+
+
+class TestPrefillStallsDecode:
+    """The busy window of --prefill-stalls-decode, on a hand-driven clock."""
+
+    def engine(self, facts: TokenizerFacts, stalls: bool, now: list[float]) -> MockEngine:
+        timing = Timing(itl_s=0.01, prefill_base_s=0.1, prefill_stalls_decode=stalls)
+        return MockEngine(
+            oracle=TokenOracle(facts.ordinary_ids, facts.eos_token_id),
+            vocab_size=facts.vocab_size,
+            context_length=256,
+            cache=PrefixCache(
+                block_size=16, num_blocks=64, hasher=EngineHasher(7), policy=SGLANG_POLICY
+            ),
+            timing=timing,
+            token_text=facts.text_of,
+            clock=lambda: now[0],
+        )
+
+    def test_prefills_queue_and_decode_steps_wait_for_them(self, facts: TokenizerFacts) -> None:
+        now = [0.0]
+        engine = self.engine(facts, True, now)
+        assert engine._queue_prefill(10) == pytest.approx(0.1)
+        assert engine._queue_prefill(10) == pytest.approx(0.2)  # after the first
+        now[0] = 0.05
+        assert engine._decode_delay() == pytest.approx(0.01 + 0.15)
+        now[0] = 0.3
+        assert engine._decode_delay() == pytest.approx(0.01)
+        assert engine._queue_prefill(10) == pytest.approx(0.1)  # the GPU is free again
+
+    def test_off_by_default(self, facts: TokenizerFacts) -> None:
+        now = [0.0]
+        engine = self.engine(facts, False, now)
+        engine._queue_prefill(10)
+        assert engine._decode_delay() == pytest.approx(0.01)
+
+    async def test_a_request_runs_with_stalls_on(self, facts: TokenizerFacts) -> None:
+        engine = self.engine(facts, True, [0.0])
+        steps = await steps_of(engine, max_new_tokens=3)
+        assert len(tokens(steps)) == 3
