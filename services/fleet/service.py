@@ -47,6 +47,8 @@ from switchyard.protos.messages import (
 
 log = logging.getLogger(__name__)
 
+STARTUP_GRACE_S = 30.0  # an engine never seen up: its refusals are logged at INFO this long
+
 
 class FleetService:
     def __init__(
@@ -83,6 +85,10 @@ class FleetService:
         self._version = time.time_ns() // 1000 if initial_version is None else initial_version
         self._published: Mapping[int, Instance] = MappingProxyType({})
         self._failing: dict[int, str] = {}  # instance id -> last probe error logged
+        # Engines that never answered yet, and since when: engines start after (or with) fleet,
+        # so their first refusals are a wait, not a fault (logged at INFO for STARTUP_GRACE).
+        self._first_probe: dict[int, float] = {}
+        self._answered: set[int] = set()
         self._wake = asyncio.Event()
         self._router: zmq.asyncio.Socket | None = None
         self._pub: zmq.asyncio.Socket | None = None
@@ -232,10 +238,21 @@ class FleetService:
             problem = f"{type(exc).__name__}: {exc}"
         else:
             self._failing.pop(spec.instance_id, None)
+            self._answered.add(spec.instance_id)
             self.metrics.probes.labels("ok").inc()
             return info
         self.metrics.probes.labels("failed").inc()
-        if self._failing.get(spec.instance_id) != problem:
+        first = self._first_probe.setdefault(spec.instance_id, time.monotonic())
+        starting = (
+            spec.instance_id not in self._answered and time.monotonic() - first < STARTUP_GRACE_S
+        )
+        # Each problem logged once: at INFO while the engine is still starting, and at WARNING
+        # once that no longer explains it.
+        logged = self._failing.get(spec.instance_id)
+        if starting and logged is None:
+            log.info("waiting for engine url=%s to answer (%s)", spec.url, problem)
+            self._failing[spec.instance_id] = ""  # probe fast, as for any failing engine
+        elif not starting and logged != problem:
             log.warning(
                 "probe failed url=%s instance_id=%s: %s", spec.url, spec.instance_id, problem
             )

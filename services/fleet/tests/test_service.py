@@ -3,12 +3,14 @@ FleetClient following it."""
 
 import asyncio
 import contextlib
+import logging
 
 import pytest
 import yaml
 
 from switchyard.common.fleet_client import FleetClient
-from switchyard.common.workers import WorkerSpec
+from switchyard.common.workers import WorkerSpec, parse_worker
+from switchyard.fleet import service as fleet_service
 from switchyard.fleet.service import FleetService
 from switchyard.fleet.source import WorkerSource
 from switchyard.protos.messages import InstanceRemoved
@@ -155,3 +157,22 @@ class TestEngineLiveness:
             await until(lambda: "InstanceRemoved" in history(changes, vl_id), "removal")
             await until(lambda: vl_id in client.instances, "re-probed back")
             assert history(changes, vl_id) == ["InstanceAdded", "InstanceRemoved", "InstanceAdded"]
+
+
+class TestStartupLogging:
+    """An engine that never answered yet is waited for (INFO), not reported (WARNING), for
+    the start-up grace; after it, the failure is a WARNING, once."""
+
+    async def test_waiting_then_warning(self, free_port, caplog, monkeypatch, until):
+        url = f"grpc://127.0.0.1:{free_port()}"  # nobody listens
+        source = WorkerSource([parse_worker(url)])
+        with caplog.at_level(logging.INFO, logger="switchyard.fleet.service"):
+            async with running(source, free_port):
+                await until(lambda: "waiting for engine" in caplog.text, "the INFO line")
+                assert "probe failed" not in caplog.text
+                monkeypatch.setattr(fleet_service, "STARTUP_GRACE_S", 0.0)
+                await until(lambda: "probe failed" in caplog.text, "the WARNING")
+        warnings = [r for r in caplog.records if "probe failed" in r.getMessage()]
+        assert len(warnings) == 1 and warnings[0].levelname == "WARNING"
+        waits = [r for r in caplog.records if "waiting for engine" in r.getMessage()]
+        assert len(waits) == 1 and waits[0].levelname == "INFO"
