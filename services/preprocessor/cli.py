@@ -67,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--reuse-port",
         action="store_true",
         help="bind with SO_REUSEPORT, so several preprocessor processes share --port "
-        "(the kernel spreads connections over them)",
+        "(the kernel spreads connections over them); listens once ready (at most 60 s on)",
     )
     add_metrics_arguments(parser)  # /metrics is also served on the HTTP port
     parser.add_argument("--log-level", default="INFO")
@@ -93,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
         stream_idle_timeout=args.stream_idle_timeout,
         migration_limit=args.migration_limit,
         tokenize_offload_chars=args.tokenize_offload_chars,
+        # Sharing the port: listen once ready, so the kernel picks only ready processes.
+        listen_when_ready_s=READY_WAIT_S if args.reuse_port else 0.0,
     )
     state = PreprocessorState(config)
     serve_metrics(state.metrics.registry, args.metrics_host, args.metrics_port)
@@ -112,6 +114,9 @@ def run(args: argparse.Namespace) -> int:
     sockets = [_reuse_port_socket(args.host, args.port)] if args.reuse_port else None
     server.run(sockets=sockets)
     return 0
+
+
+READY_WAIT_S = 60.0
 
 
 def _reuse_port_socket(host: str, port: int) -> socket.socket:

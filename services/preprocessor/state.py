@@ -3,6 +3,7 @@ clients, the tokenizer, and the model catalog derived from fleet's instance set.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -36,6 +37,7 @@ class PreprocessorConfig:
     stream_idle_timeout: float = 60.0
     migration_limit: int = 3
     tokenize_offload_chars: int = OFFLOAD_CHARS
+    listen_when_ready_s: float = 0.0  # >0: start listening once ready (or after this long)
 
     def __post_init__(self) -> None:
         if not self.dispatchers or not self.routers:
@@ -110,6 +112,18 @@ class PreprocessorState:
             }
         )
 
+    async def _until_ready(self, timeout: float) -> None:
+        """Hold the start-up (uvicorn listens after it) until this process can serve: with
+        SO_REUSEPORT the kernel then sends connections only to ready preprocessors."""
+        try:
+            async with asyncio.timeout(timeout):
+                while self.not_ready_reason():
+                    await asyncio.sleep(0.05)
+        except TimeoutError:
+            log.warning(
+                "listening although not ready after %gs: %s", timeout, self.not_ready_reason()
+            )
+
     @contextlib.asynccontextmanager
     async def lifespan(self, app: object) -> AsyncIterator[None]:
         self.router.start()
@@ -117,6 +131,8 @@ class PreprocessorState:
         await self.fleet.start()
         self.catalog = build_catalog(self.fleet.instances)
         self.tokenizers.sync(self.catalog)
+        if self.config.listen_when_ready_s > 0:
+            await self._until_ready(self.config.listen_when_ready_s)
         try:
             yield
         finally:
