@@ -3,14 +3,13 @@ templated with its own model's tokenizer, fetched from that model's engine."""
 
 from __future__ import annotations
 
-import json
-import shutil
 import time
 
 import httpx
 import openai
 from e2e_stack import Processes, free_port, running_stack
 
+from switchyard.mock_engine.testing import tokenizer_dir_with_template
 from switchyard.preprocessor.tokenizer import TokenizerBundle, default_tokenizer_dir
 
 TEMPLATE = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant] "
@@ -18,12 +17,7 @@ QUESTION = [{"role": "user", "content": "Which track does the night freight take
 
 
 def test_each_model_uses_its_own_tokenizer(tmp_path):
-    other = tmp_path / "yard-chat"
-    other.mkdir()
-    shutil.copy(default_tokenizer_dir() / "tokenizer.json", other / "tokenizer.json")
-    config = json.loads((default_tokenizer_dir() / "tokenizer_config.json").read_text())
-    config["chat_template"] = TEMPLATE
-    (other / "tokenizer_config.json").write_text(json.dumps(config))
+    other = tokenizer_dir_with_template(tmp_path / "yard-chat", TEMPLATE)
 
     ports = {"deepseek-mock": free_port(), "yard-chat": free_port()}
     with Processes() as procs:

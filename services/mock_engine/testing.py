@@ -17,11 +17,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import grpc
 import zmq
@@ -29,6 +32,7 @@ import zmq.asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from switchyard.common.ports import free_port
+from switchyard.mock_engine.config import default_tokenizer_dir
 from switchyard.mock_engine.server import start_mock_engine
 
 __all__ = [
@@ -166,3 +170,15 @@ async def kv_replay(endpoint: str, start: int, *, timeout_s: float = 5.0) -> lis
     finally:
         sock.close(linger=0)
         ctx.term()
+
+
+def tokenizer_dir_with_template(dest: Path, chat_template: str) -> Path:
+    """A tokenizer folder at `dest`: the shipped tokenizer with a chat template of its own
+    (a second "model" for multi-model tests; `mock-engine --tokenizer dest` serves it)."""
+    source = default_tokenizer_dir()
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy(source / "tokenizer.json", dest / "tokenizer.json")
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    config["chat_template"] = chat_template
+    (dest / "tokenizer_config.json").write_text(json.dumps(config))
+    return dest

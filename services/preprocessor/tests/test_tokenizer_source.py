@@ -1,12 +1,11 @@
 """ModelTokenizers: one tokenizer per served model, from folders or from the model's engines."""
 
 import asyncio
-import json
-import shutil
 from pathlib import Path
 
 import pytest
 
+from switchyard.mock_engine.testing import tokenizer_dir_with_template
 from switchyard.preprocessor.tokenizer import default_tokenizer_dir
 from switchyard.preprocessor.tokenizer_source import ModelTokenizers, parse_tokenizer_flags
 
@@ -16,13 +15,7 @@ TEMPLATE = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
 @pytest.fixture
 def other_dir(tmp_path: Path) -> Path:
     """The shipped tokenizer with a chat template of its own."""
-    folder = tmp_path / "other"
-    folder.mkdir()
-    shutil.copy(default_tokenizer_dir() / "tokenizer.json", folder / "tokenizer.json")
-    config = json.loads((default_tokenizer_dir() / "tokenizer_config.json").read_text())
-    config["chat_template"] = TEMPLATE
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    return folder
+    return tokenizer_dir_with_template(tmp_path / "other", TEMPLATE)
 
 
 async def until(predicate, timeout: float = 10.0) -> None:
