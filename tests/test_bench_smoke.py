@@ -50,3 +50,37 @@ def test_load_bench_quick(tmp_path: Path) -> None:
                     phase["cpu"]["frontend"]
                 ), (where, phase["cpu"]["frontend"])
     assert by_key["smg"]["status"].startswith("not run")
+
+
+def test_long_prompts_bench_tiny(tmp_path: Path) -> None:
+    out = tmp_path / "long_prompts.md"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "long_prompts.py"), "--seconds", "2",
+         "--streams", "2", "--max-tokens", "8", "--long-every", "0.5", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| ")]
+    names = [row.split("|")[1].strip() for row in rows[1:]]  # after the header
+    assert names == ["offloaded (default)", "inline"]
+    for row in rows[1:]:
+        cells = [c.strip() for c in row.split("|")[1:-1]]
+        assert float(cells[1]) > 0 and int(cells[-2]) > 0 and int(cells[-1]) > 0, row
+
+
+def test_hotspots_cpu_only_tiny(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "hotspots.py"), "--no-spy", "--requests", "24",
+         "--concurrency", "4", "--out", str(tmp_path)],
+        cwd=ROOT / "bench",
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "24 requests at concurrency 4" in done.stdout
+    assert "CPU seconds per 1000 requests: stack" in done.stdout
+    assert "preprocessor threads:" in done.stdout
