@@ -11,17 +11,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_load_bench_quick(tmp_path: Path) -> None:
-    out = tmp_path / "results"
+def run_bench(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run bench/<script> with `args` (from bench/, as its imports expect); fail on an error."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "load.py"), "--quick", "--no-plots", "--out-dir",
-         str(out)],
-        cwd=ROOT,
+        [sys.executable, str(ROOT / "bench" / script), *args],
+        cwd=ROOT / "bench",
         capture_output=True,
         text=True,
         timeout=240,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def test_load_bench_quick(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    run_bench("load.py", "--quick", "--no-plots", "--out-dir", str(out))
 
     table = (out / "load.md").read_text()
     assert "| floor (gRPC direct) | 1 |" in table
@@ -54,15 +59,10 @@ def test_load_bench_quick(tmp_path: Path) -> None:
 
 def test_long_prompts_bench_tiny(tmp_path: Path) -> None:
     out = tmp_path / "long_prompts.md"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "long_prompts.py"), "--seconds", "2",
-         "--streams", "2", "--max-tokens", "8", "--long-every", "0.5", "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
+    run_bench(
+        "long_prompts.py", "--seconds", "2", "--streams", "2", "--max-tokens", "8",
+        "--long-every", "0.5", "--out", str(out),
     )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = [line for line in out.read_text().splitlines() if line.startswith("| ")]
     names = [row.split("|")[1].strip() for row in rows[1:]]  # after the header
     assert names == ["offloaded (default)", "inline"]
@@ -72,15 +72,10 @@ def test_long_prompts_bench_tiny(tmp_path: Path) -> None:
 
 
 def test_hotspots_cpu_only_tiny(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "hotspots.py"), "--no-spy", "--requests", "24",
-         "--concurrency", "4", "--out", str(tmp_path)],
-        cwd=ROOT / "bench",
-        capture_output=True,
-        text=True,
-        timeout=240,
+    done = run_bench(
+        "hotspots.py", "--no-spy", "--requests", "24", "--concurrency", "4", "--out",
+        str(tmp_path),
     )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "24 requests at concurrency 4" in done.stdout
     assert "CPU seconds per 1000 requests: stack" in done.stdout
     assert "preprocessor threads:" in done.stdout
