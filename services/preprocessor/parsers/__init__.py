@@ -1,0 +1,31 @@
+"""Output parsers: tool calls and reasoning split from the model's text, streaming and not.
+
+Layout: types (events), scan (markers, JSON spans), tool_stream (the shared machinery),
+marked / json_calls (two shapes of markup), deepseek, kimi_k2, hermes, llama3, mistral,
+constrained (tool_choice output), reasoning, output (reasoning + tools per choice),
+registry (names, the guess per model), constraints (tool_choice -> engine constraint).
+
+Use: `choice = parsers_for(config_json, chat_template, flag_tool, flag_reasoning)` once per
+model; per choice `parser = choice.for_request(prompt=..., tools=..., tool_choice=...,
+chat_template_kwargs=...)`, then `parser.feed(delta)` per detokenized delta and
+`parser.finish()` at the end (`strict=True` and `parser.parse(text)` when not streaming).
+"""
+
+from .constraints import Constraint, tool_choice_constraint
+from .output import OutputParser
+from .registry import ParserChoice, UnknownParserError, parsers_for
+from .types import EMPTY, ParsedDelta, ParsedOutput, ToolCall, ToolCallDelta
+
+__all__ = [
+    "EMPTY",
+    "Constraint",
+    "OutputParser",
+    "ParsedDelta",
+    "ParsedOutput",
+    "ParserChoice",
+    "ToolCall",
+    "ToolCallDelta",
+    "UnknownParserError",
+    "parsers_for",
+    "tool_choice_constraint",
+]
