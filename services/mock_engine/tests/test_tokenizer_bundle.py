@@ -75,6 +75,12 @@ class TestChatTemplate:
             "<｜User｜>Bye<｜Assistant｜>"
         )
 
-    def test_without_generation_prompt_or_system(self) -> None:
+    def test_a_user_turn_ends_with_the_assistant_marker(self) -> None:
+        # As in DeepSeek-V3's own template, whatever add_generation_prompt says.
         rendered = self.render([{"role": "user", "content": "Hi"}], False)
-        assert rendered == f"{self.BOS}<｜User｜>Hi"
+        assert rendered == f"{self.BOS}<｜User｜>Hi<｜Assistant｜>"
+
+    def test_same_template_as_the_preprocessor_default(self) -> None:
+        from switchyard.preprocessor.chat_template import default_template_source
+
+        assert default_chat_template() == default_template_source()

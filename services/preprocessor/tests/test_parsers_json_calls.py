@@ -34,10 +34,7 @@ def block(name: str, args: str, key: str = "arguments") -> str:
 class TestHermes:
     def test_qwen_parallel_calls_with_content(self, bundle: TokenizerBundle) -> None:
         text = (
-            "I'll look both up.\n"
-            + block("get_weather", WEATHER)
-            + "\n"
-            + block("get_time", TIME)
+            "I'll look both up.\n" + block("get_weather", WEATHER) + "\n" + block("get_time", TIME)
         )
         want = ("I'll look both up.\n", "", (("get_weather", WEATHER), ("get_time", TIME)))
         check_chunkings(hermes, text, want, tokenizer=bundle)
