@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/baseline.py
 	$(BIN)/python bench/kv_routing.py
 	$(BIN)/python bench/kv_ingest.py
+	$(BIN)/python bench/parsers.py
 	$(BIN)/python bench/route_decision.py
 	$(BIN)/python bench/load.py --with-smg
 	$(BIN)/python bench/long_prompts.py

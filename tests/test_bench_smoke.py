@@ -79,3 +79,12 @@ def test_hotspots_cpu_only_tiny(tmp_path: Path) -> None:
     assert "24 requests at concurrency 4" in done.stdout
     assert "CPU seconds per 1000 requests: stack" in done.stdout
     assert "preprocessor threads:" in done.stdout
+
+
+def test_parsers_bench_tiny(tmp_path: Path) -> None:
+    out = tmp_path / "parsers.md"
+    run_bench("parsers.py", "--repeat", "2", "--out", str(out))
+    table = out.read_text()
+    for stream in ("plain (no markup)", "reasoning + answer", "answer + 2 tool calls"):
+        assert table.count(f"| {stream} |") == 2, table
+    assert "| stream | off | tools | ratio | reasoning + tools | ratio |" in table

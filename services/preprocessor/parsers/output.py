@@ -7,9 +7,11 @@ as content. `parse(text)` is the non-streaming result of the same parsers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .reasoning import ReasoningParser
 from .tool_stream import ToolParser
-from .types import EMPTY, ParsedDelta, ParsedOutput, ToolCall
+from .types import EMPTY, ParsedDelta, ParsedOutput, ToolCall, ToolCallDelta
 
 
 class OutputParser:
@@ -33,44 +35,47 @@ class OutputParser:
     def calls(self) -> list[ToolCall]:
         return self.tools.calls if self.tools is not None else []
 
+    def feeder(self) -> Callable[[str], ParsedDelta]:
+        """The cheapest callable equivalent to `feed` for this parser (a per-token loop
+        binds it once): the only parser's own feed when just one is configured."""
+        if self.reasoning is None and self.tools is not None:
+            return self.tools.feed
+        if self.tools is None and self.reasoning is not None:
+            return self.reasoning.feed
+        return self.feed
+
     def feed(self, text: str) -> ParsedDelta:
         reasoning = self.reasoning
         tools = self.tools
         if reasoning is None:
             if tools is not None:
                 return tools.feed(text)
-            return ParsedDelta(text, "", ()) if text else EMPTY
+            return (text, "", ()) if text else EMPTY
         split = reasoning.feed(text)
-        if tools is None or not split.content:
+        if tools is None or not split[0]:
             return split
-        parsed = tools.feed(split.content)
-        if not split.reasoning:
+        parsed = tools.feed(split[0])
+        if not split[1]:
             return parsed
-        return ParsedDelta(parsed.content, split.reasoning, parsed.tool_calls)
+        return (parsed[0], split[1], parsed[2])
 
     def finish(self) -> ParsedDelta:
         reasoning_text = ""
         content = ""
-        calls: tuple = ()
+        calls: tuple[ToolCallDelta, ...] = ()
         if self.reasoning is not None:
-            last = self.reasoning.finish()
-            reasoning_text = last.reasoning
-            content = last.content
+            content, reasoning_text, _ = self.reasoning.finish()
         if self.tools is not None:
-            parsed = self.tools.feed(content) if content else EMPTY
-            end = self.tools.finish()
-            content = parsed.content + end.content
-            calls = parsed.tool_calls + end.tool_calls
+            fed, _, fed_calls = self.tools.feed(content) if content else EMPTY
+            end, _, end_calls = self.tools.finish()
+            content = fed + end
+            calls = fed_calls + end_calls
         if not (content or reasoning_text or calls):
             return EMPTY
-        return ParsedDelta(content, reasoning_text, calls)
+        return (content, reasoning_text, calls)
 
     def parse(self, text: str) -> ParsedOutput:
         """The whole output at once (use a parser made with strict tool parsing)."""
-        first = self.feed(text)
-        last = self.finish()
-        return ParsedOutput(
-            first.content + last.content,
-            first.reasoning + last.reasoning,
-            tuple(self.calls),
-        )
+        content, reasoning, _ = self.feed(text)
+        end, end_reasoning, _ = self.finish()
+        return ParsedOutput(content + end, reasoning + end_reasoning, tuple(self.calls))

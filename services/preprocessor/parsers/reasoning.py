@@ -29,9 +29,9 @@ _LEAD, _OPENING, _STRIP, _REASONING, _AFTER, _CONTENT = range(6)
 
 
 class ReasoningParser:
-    """Per request and choice: `feed(text)` -> ParsedDelta(content, reasoning, ())."""
+    """Per request and choice: `feed(text)` -> (content, reasoning, ())."""
 
-    __slots__ = ("_start", "_end", "_markers", "_exits", "_state", "_held")
+    __slots__ = ("_start", "_end", "_markers", "_firsts", "_exits", "_state", "_held")
 
     def __init__(
         self,
@@ -45,6 +45,7 @@ class ReasoningParser:
         self._end = end
         self._exits = exits
         self._markers = (end, *exits)
+        self._firsts = "".join(sorted({m[0] for m in self._markers}))
         self._state = _OPENING if opened else _LEAD
         self._held = ""
 
@@ -54,8 +55,18 @@ class ReasoningParser:
         return _OPENING <= self._state <= _REASONING
 
     def feed(self, text: str) -> ParsedDelta:
-        if self._state == _CONTENT:
-            return ParsedDelta(text, "", ()) if text else EMPTY
+        state = self._state
+        if state == _CONTENT:
+            return (text, "", ()) if text else EMPTY
+        if state == _REASONING and not self._held:
+            for char in self._firsts:
+                if char in text:
+                    break
+            else:  # no marker can start here: all of it is reasoning, but a whitespace tail
+                kept = text.rstrip(WHITESPACE)
+                if len(kept) != len(text):
+                    self._held = text[len(kept) :]
+                return ("", kept, ()) if kept else EMPTY
         buf = self._held + text if self._held else text
         self._held = ""
         reasoning = ""
@@ -76,7 +87,7 @@ class ReasoningParser:
                     break
                 if state == _LEAD:
                     self._state = _CONTENT
-                    return ParsedDelta(buf, reasoning, ())
+                    return (buf, reasoning, ())
                 self._state = _REASONING
                 buf = rest
                 continue
@@ -95,7 +106,7 @@ class ReasoningParser:
                         self._state = _AFTER
                     else:  # a tool call straight from the thinking: it starts the content
                         self._state = _CONTENT
-                        return ParsedDelta(buf[at:], reasoning, ())
+                        return (buf[at:], reasoning, ())
                     continue
                 hold = partial_suffix_any(buf, self._markers)
                 body = buf[: len(buf) - hold]
@@ -107,18 +118,18 @@ class ReasoningParser:
             rest = buf.lstrip(WHITESPACE)
             if rest:
                 self._state = _CONTENT
-                return ParsedDelta(rest, reasoning, ())
+                return (rest, reasoning, ())
             break
-        return ParsedDelta("", reasoning, ()) if reasoning else EMPTY
+        return ("", reasoning, ()) if reasoning else EMPTY
 
     def finish(self) -> ParsedDelta:
         held, self._held = self._held, ""
         if self._state == _LEAD and held:
-            return ParsedDelta(held, "", ())
+            return (held, "", ())
         if (self._state == _REASONING or self._state == _OPENING) and held:
             kept = held.rstrip(WHITESPACE)
             if kept:
-                return ParsedDelta("", kept, ())
+                return ("", kept, ())
         return EMPTY
 
 

@@ -20,10 +20,10 @@ def collect(parser: StreamParser, chunks: Iterable[str]) -> ParsedOutput:
     calls: list[list[str]] = []  # [id, name, arguments...] per index
     deltas = [parser.feed(chunk) for chunk in chunks]
     deltas.append(parser.finish())
-    for delta in deltas:
-        content.append(delta.content)
-        reasoning.append(delta.reasoning)
-        for call in delta.tool_calls:
+    for text, thought, tool_calls in deltas:
+        content.append(text)
+        reasoning.append(thought)
+        for call in tool_calls:
             if call.name is not None:
                 if call.index != len(calls):
                     raise AssertionError(f"call index {call.index} after {len(calls)} calls")

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import secrets
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from .scan import WHITESPACE, find_first, partial_suffix_any
 from .types import EMPTY, ParsedDelta, ParsedOutput, ToolCall, ToolCallDelta
@@ -68,8 +70,7 @@ class ToolParser:
         self._strict = strict
         self._new_id = new_id or self.default_id
         self._max_calls = max_calls
-        self._first_chars = tuple({m[0] for m in self.start_markers})
-        self._fast = True  # a delta without any marker's first character is all content
+        self._fast = True
         self._buf = ""
         self._in_section = False
         self._raw: list[str] = []  # consumed markup not yet part of a call (for fallback)
@@ -81,16 +82,27 @@ class ToolParser:
         self.calls: list[ToolCall] = []
 
     default_id = staticmethod(openai_call_id)
+    # A delta without any start marker's first character is all content: the one first
+    # character the family's markers share, or a pattern of them (set per class).
+    _first = ""
+    _firsts: re.Pattern[str] | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        firsts = sorted({m[0] for m in cls.start_markers})
+        cls._first = firsts[0] if len(firsts) == 1 else ""
+        cls._firsts = re.compile("[" + re.escape("".join(firsts)) + "]") if firsts else None
 
     # -- the public interface ------------------------------------------------------------
 
     def feed(self, text: str) -> ParsedDelta:
-        if self._fast and not self._buf and not self._in_section and not self._after_calls:
-            for char in self._first_chars:
-                if char in text:
-                    break
-            else:
-                return ParsedDelta(text, "", ()) if text else EMPTY
+        if not self._buf and self._fast and not self._in_section and not self._after_calls:
+            first = self._first
+            if first:
+                if first not in text:
+                    return (text, "", ()) if text else EMPTY
+            elif self._firsts is None or self._firsts.search(text) is None:
+                return (text, "", ()) if text else EMPTY
         self._buf += text
         return self._drain(False)
 
@@ -113,9 +125,9 @@ class ToolParser:
     ) -> ParsedOutput:
         """A whole output split into content and tool calls (strict policy)."""
         parser = cls(tool_names, strict=True, new_id=new_id, max_calls=max_calls)
-        first = parser.feed(text)
-        last = parser.finish()
-        return ParsedOutput(first.content + last.content, "", tuple(parser.calls))
+        first = parser.feed(text)[0]
+        last = parser.finish()[0]
+        return ParsedOutput(first + last, "", tuple(parser.calls))
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -133,7 +145,7 @@ class ToolParser:
         self._deltas.clear()
         if not content and not deltas:
             return EMPTY
-        return ParsedDelta(content, "", deltas)
+        return (content, "", deltas)
 
     def _run(self, final: bool) -> None:
         while True:

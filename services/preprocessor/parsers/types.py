@@ -1,22 +1,25 @@
 """What the output parsers produce: text deltas, OpenAI tool-call deltas, final tool calls.
 
-One event type for every parser: `ParsedDelta(content, reasoning, tool_calls)`, returned by
-each `feed(text)` and by `finish()`. `EMPTY` is returned (not allocated) when a delta yields
-nothing yet, e.g. while a possible marker is held back.
+One event shape for every parser: the tuple `(content, reasoning, tool_calls)` (the type
+`ParsedDelta`), returned by each `feed(text)` and by `finish()`; unpack it. A plain tuple
+because it is made once per token (a NamedTuple costs several times as much to build).
+`EMPTY` is returned (not allocated) when a delta yields nothing yet, e.g. while a possible
+marker is held back.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ToolCallDelta:
     """One streamed piece of a tool call, as OpenAI's `delta.tool_calls[i]`.
 
     The first delta of a call carries `id` and `name` (type "function") with empty
-    arguments; the following ones carry argument fragments only.
+    arguments; the following ones carry argument fragments only. (Not frozen: made per
+    token while arguments stream, and a frozen dataclass is slower to build.)
     """
 
     index: int
@@ -51,13 +54,11 @@ class ToolCall:
         }
 
 
-class ParsedDelta(NamedTuple):
-    content: str
-    reasoning: str
-    tool_calls: tuple[ToolCallDelta, ...]
+# (content, reasoning, tool_calls): text for `delta.content`, for
+# `delta.reasoning_content`, and the `delta.tool_calls` entries, each possibly empty.
+ParsedDelta = tuple[str, str, tuple[ToolCallDelta, ...]]
 
-
-EMPTY = ParsedDelta("", "", ())
+EMPTY: ParsedDelta = ("", "", ())
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,7 +94,7 @@ class TestV3:
     def test_ids_and_delta_shape(self) -> None:
         parser = v3(False)
         first = parser.feed(CALLS_BEGIN + f"{CALL_BEGIN}function{SEP}get_weather\n```json\n")
-        assert [d.to_openai() for d in first.tool_calls] == [
+        assert [d.to_openai() for d in first[2]] == [
             {
                 "index": 0,
                 "id": "call_0",
@@ -103,7 +103,7 @@ class TestV3:
             }
         ]
         more = parser.feed('{"city": ')  # trailing whitespace waits for what follows
-        assert [d.to_openai() for d in more.tool_calls] == [
+        assert [d.to_openai() for d in more[2]] == [
             {"index": 0, "function": {"arguments": '{"city":'}}
         ]
         assert parser.called
@@ -187,6 +187,5 @@ class TestV31:
 @pytest.mark.parametrize("parser", [DeepSeekV3ToolParser, DeepSeekV31ToolParser])
 def test_no_markup_is_passed_through_untouched(parser: type) -> None:
     p = parser(TOOLS)
-    delta = p.feed("Plain answer, no tools.")
-    assert delta.content == "Plain answer, no tools." and not delta.tool_calls
-    assert p.finish().content == "" and not p.called
+    assert p.feed("Plain answer, no tools.") == ("Plain answer, no tools.", "", ())
+    assert p.finish() == ("", "", ()) and not p.called

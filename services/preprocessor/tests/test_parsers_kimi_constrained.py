@@ -100,4 +100,4 @@ class TestNamed:
 
     def test_empty_output_is_no_call(self) -> None:
         parser = named(False)
-        assert parser.finish().tool_calls == () and not parser.called
+        assert parser.finish() == ("", "", ()) and not parser.called
