@@ -5,6 +5,7 @@ HF semantics around it (tools, tool call arguments, chat_template_kwargs)."""
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -264,3 +265,145 @@ class TestKwargs:
             "{% endfor %}"
         )
         assert ChatTemplate(source).render([{"role": "assistant", "content": "a"}]) == "<a>"
+
+
+def one_call_loop(call_id: str) -> list[dict[str, Any]]:
+    return [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [call(call_id, ARGS)]},
+        {"role": "tool", "tool_call_id": call_id, "content": "sunny"},
+        {"role": "assistant", "content": "Sunny."},
+        {"role": "user", "content": "Thanks"},
+    ]
+
+
+class TestLlama31:
+    def template(self) -> ChatTemplate:
+        return ChatTemplate(
+            (FIXTURES / "llama31_json.jinja").read_text(encoding="utf-8"),
+            "<|begin_of_text|>",
+            now=lambda: datetime(2025, 3, 7),
+        )
+
+    def test_tool_loop(self) -> None:
+        text = self.template().render(one_call_loop("call_1"), tools=TOOLS)
+        assert "Today Date: 07 Mar 2025\n\n<|eot_id|>" in text
+        assert json.dumps(TOOLS[0], indent=4) + "\n\nWeather in Paris?<|eot_id|>" in text
+        assert text.endswith(
+            "<|start_header_id|>assistant<|end_header_id|>\n\n"
+            '{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>'
+            '<|start_header_id|>ipython<|end_header_id|>\n\n{"output": "sunny"}<|eot_id|>'
+            "<|start_header_id|>assistant<|end_header_id|>\n\nSunny.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nThanks<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n"
+        )
+
+    def test_parallel_calls_are_refused_by_the_template(self) -> None:
+        messages = tool_loop()[1:3]
+        with pytest.raises(InvalidRequestError, match="single tool-calls"):
+            self.template().render(messages, tools=TOOLS)
+
+
+class TestMistral:
+    def template(self) -> ChatTemplate:
+        return ChatTemplate(
+            (FIXTURES / "mistral_v03.jinja").read_text(encoding="utf-8"), "<s>", "</s>"
+        )
+
+    def test_tool_loop(self) -> None:
+        text = self.template().render(one_call_loop("a1b2c3d4e"), tools=TOOLS)
+        assert text == (
+            "<s>[INST] Weather in Paris?[/INST]"
+            '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}, '
+            '"id": "a1b2c3d4e"}]</s>'
+            '[TOOL_RESULTS] {"content": sunny, "call_id": "a1b2c3d4e"}[/TOOL_RESULTS] Sunny.</s>'
+            f"[AVAILABLE_TOOLS] [{TOOLS_JSON}][/AVAILABLE_TOOLS][INST] Thanks[/INST]"
+        )
+
+    def test_ids_must_be_nine_characters(self) -> None:
+        with pytest.raises(InvalidRequestError, match="length 9"):
+            self.template().render(one_call_loop("call_abcdef123"), tools=TOOLS)
+
+
+class TestKimiK2:
+    def test_tool_loop_keeps_the_markup_ids(self) -> None:
+        template = ChatTemplate((FIXTURES / "kimi_k2.jinja").read_text(encoding="utf-8"))
+        text = template.render(one_call_loop("functions.get_weather:0"), tools=TOOLS)
+        assert text.startswith(f"<|im_system|>tool_declare<|im_middle|>[{TOOLS_JSON}]<|im_end|>")
+        assert (
+            "<|im_assistant|>assistant<|im_middle|><|tool_calls_section_begin|>"
+            "<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+            f"{ARGS}<|tool_call_end|><|tool_calls_section_end|><|im_end|>"
+            "<|im_system|>tool<|im_middle|>## Return of functions.get_weather:0\nsunny<|im_end|>"
+        ) in text
+
+
+class TestRoundTrip:
+    """What a parser reads from the model becomes the next turn's history: rendered by the
+    family's template, it is the markup the model wrote (same ids where the format has
+    them, arguments as the model wrote them)."""
+
+    def assistant_turn(self, parser: Any, markup: str) -> dict[str, Any]:
+        parsed = parser.parse_complete(markup, ["get_weather"])
+        assert parsed.tool_calls and not parsed.content
+        return {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [c.to_openai() for c in parsed.tool_calls],
+        }
+
+    def test_deepseek_v3(self) -> None:
+        from switchyard.preprocessor.parsers.deepseek import DeepSeekV3ToolParser
+
+        markup = (
+            "<｜tool▁calls▁begin｜>"
+            + v3_call("get_weather", ARGS)
+            + "\n"
+            + v3_call("get_weather", '{"city": "Lyon"}')
+            + "<｜tool▁calls▁end｜>"
+        )
+        turn = self.assistant_turn(DeepSeekV3ToolParser, markup)
+        text = ChatTemplate(default_template_source(), BOS, EOS).render(
+            [{"role": "user", "content": "q"}, turn], add_generation_prompt=False
+        )
+        assert text == f"{BOS}<｜User｜>q<｜Assistant｜>{markup}{EOS}"
+
+    def test_kimi_k2(self) -> None:
+        from switchyard.preprocessor.parsers.kimi_k2 import KimiK2ToolParser
+
+        markup = (
+            "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+            f"<|tool_call_argument_begin|>{ARGS}<|tool_call_end|><|tool_calls_section_end|>"
+        )
+        turn = self.assistant_turn(KimiK2ToolParser, markup)
+        text = ChatTemplate((FIXTURES / "kimi_k2.jinja").read_text(encoding="utf-8")).render(
+            [{"role": "user", "content": "q"}, turn], add_generation_prompt=False
+        )
+        assert f"<|im_assistant|>assistant<|im_middle|>{markup}<|im_end|>" in text
+
+    def test_mistral_ids_satisfy_the_template(self) -> None:
+        from switchyard.preprocessor.parsers.mistral import MistralToolParser
+
+        turn = self.assistant_turn(MistralToolParser, f"[TOOL_CALLS]get_weather[ARGS]{ARGS}")
+        call_id = turn["tool_calls"][0]["id"]
+        messages = [
+            {"role": "user", "content": "q"},
+            turn,
+            {"role": "tool", "tool_call_id": call_id, "content": "sunny"},
+        ]
+        text = ChatTemplate(
+            (FIXTURES / "mistral_v03.jinja").read_text(encoding="utf-8"), "<s>", "</s>"
+        ).render(messages)
+        assert f'"id": "{call_id}"}}]</s>[TOOL_RESULTS]' in text
+
+    def test_hermes(self) -> None:
+        from switchyard.preprocessor.parsers.hermes import HermesToolParser
+
+        markup = (
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+        )
+        turn = self.assistant_turn(HermesToolParser, markup)
+        text = fixture("qwen25.jinja").render(
+            [{"role": "user", "content": "q"}, turn], add_generation_prompt=False
+        )
+        assert f"<|im_start|>assistant\n{markup}<|im_end|>" in text
