@@ -112,7 +112,8 @@ class ToolParser:
     @property
     def called(self) -> bool:
         """Whether any tool call was emitted (finish_reason "tool_calls")."""
-        return bool(self.calls) or (self._open is not None and not self._open.ignored)
+        call = self._open
+        return bool(self.calls) or (call is not None and not self._strict and not call.ignored)
 
     @classmethod
     def parse_complete(
