@@ -34,14 +34,16 @@ RESOURCE_EXHAUSTED).
 
 The OpenAI surface: n > 1 runs n samples (sample i seeded with seed + i, as vLLM's parallel
 sampling does); chunks and completes carry their `index`, streams interleave, each sample ends
-with its own complete (not streaming: all n completes once every sample is done, by index). logit_bias (int keys) changes the draw; an out-of-vocabulary key is
-INVALID_ARGUMENT. logprobs k: each chunk's output_logprobs (the chosen token first, then the
-most likely others, k in all); a streamed complete repeats the last delta's, a non-streaming one
+with its own complete (not streaming: all n completes once every sample is done, by index).
+logit_bias (int keys) changes the draw; an out-of-vocabulary key is INVALID_ARGUMENT.
+logprobs k: each chunk's output_logprobs (the chosen token first, then the most likely others,
+k in all); a streamed complete repeats the last delta's, a non-streaming one
 has all. prompt_logprobs k: input_logprobs (first token: no value; each top list starts with
 the prompt token) on a sample's first chunk, and on every non-streaming complete. More than
 --max-logprobs (20) of either: INVALID_ARGUMENT in vLLM's words. The constraint oneof
 (json_schema, regex, grammar, structural_tag, json_object, choice) dictates the output (see
-structured), else a --script rule may; one it cannot build is INVALID_ARGUMENT.
+structured), else a --script rule may; one it cannot build is INVALID_ARGUMENT. The mock runs no
+reasoning parser: grammar_from_first_token changes nothing (its output starts constrained).
 --embedding: is_generation false, Embed answers deterministic vectors, Generate
 INVALID_ARGUMENT "This model does not support generation" (a generation model's Embed: "This
 model does not support pooling").
