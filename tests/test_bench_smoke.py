@@ -79,3 +79,9 @@ def test_hotspots_cpu_only_tiny(tmp_path: Path) -> None:
     assert "24 requests at concurrency 4" in done.stdout
     assert "CPU seconds per 1000 requests: stack" in done.stdout
     assert "preprocessor threads:" in done.stdout
+
+
+def test_token_delta_codec_tiny() -> None:
+    done = run_bench("token_delta.py", "--batch", "4", "--rounds", "50")
+    for row in ("| before |", "| no logprobs |", "| logprobs, top 0 |", "| logprobs, top 5 |"):
+        assert row in done.stdout, done.stdout
