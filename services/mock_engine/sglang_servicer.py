@@ -23,7 +23,9 @@ rule may; one it cannot build is INVALID_ARGUMENT. --embedding: is_generation fa
 answers deterministic vectors, and Generate is INVALID_ARGUMENT "This model does not support
 generation" (SGLang's gRPC servicer passes such a request to its scheduler unchecked; the mock
 refuses it as vLLM does, so a client sees a clear error); a generation model's Embed is
-INVALID_ARGUMENT too. Constrained output carries no reasoning: require_reasoning only counts.
+INVALID_ARGUMENT too. The mock runs no reasoning parser: require_reasoning changes nothing
+(reasoning_tokens stays 0) and constrained output starts constrained. n > 1 with
+disaggregated_params (prefill or decode mode): INVALID_ARGUMENT.
 
 Disaggregation (a request with DisaggregatedParams, on an engine in prefill or decode mode; the
 "null" mode ignores them, as does either mode without them: served aggregated):
@@ -117,6 +119,10 @@ def sampling_spec(request: pb.GenerateRequest) -> SamplingSpec:
     )
 
 
+def spec_n(request: pb.GenerateRequest) -> int:
+    return max(1, request.sampling_params.n)
+
+
 def constraint_spec(params: pb.SamplingParams) -> ConstraintSpec | None:
     field = params.WhichOneof("constraint")
     if field is None:
@@ -180,6 +186,11 @@ class SglangServicer(CommonRpcs, pb_grpc.SglangSchedulerServicer):
         job = GenerationRequest(request_id, prompt, spec, output=plan)
         config = self.deps.config
         disaggregated = request.HasField("disaggregated_params")
+        if disaggregated and (config.kv_producer or config.kv_consumer) and spec_n(request) > 1:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "n > 1 with disaggregated_params is not supported by the mock engine",
+            )
         try:
             if disaggregated and config.kv_producer:
                 async for reply in self._prefill(request, job, context):
@@ -206,7 +217,7 @@ class SglangServicer(CommonRpcs, pb_grpc.SglangSchedulerServicer):
         self, request: pb.GenerateRequest, job: GenerationRequest, context: grpc.aio.ServicerContext
     ) -> AsyncGenerator[pb.GenerateResponse, None]:
         request_id, prompt_tokens = job.request_id, len(job.prompt_ids)
-        n = max(1, request.sampling_params.n)
+        n = spec_n(request)
         jobs = [job]
         if n > 1:
             jobs = [
