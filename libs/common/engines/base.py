@@ -256,6 +256,12 @@ class EngineClient(abc.ABC):
                     generated[index] += len(ids)
                     yield TokenDelta(request_id, list(ids), _detail(index, logprobs, prompt))
                 if not streamed:
+                    if prompt_pending:
+                        raise EngineError(
+                            errors.ENGINE_ERROR,
+                            "the engine sent no prompt logprobs",
+                            self.instance_id,
+                        )
                     yield self._finished(request_id, part, generated[index])
                     finished += 1
                     if finished == choices:

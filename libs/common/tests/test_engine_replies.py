@@ -225,6 +225,17 @@ class TestLogprobs:
                 await run(client, request(logprobs=0))
         assert raised.value.kind == errors.ENGINE_ERROR and problem in raised.value.message
 
+    @pytest.mark.parametrize("protocol", PROTOCOLS)
+    async def test_prompt_logprobs_asked_but_never_sent(self, protocol):
+        pb = PB[protocol]
+        replies = [chunk(pb, token_ids=[10]), complete(pb, output_ids=[10])]
+        async with serve(protocol, servicer(protocol, replies)) as client:
+            with pytest.raises(EngineError) as raised:
+                await run(client, request(prompt_logprobs=0))
+        assert (
+            raised.value.kind == errors.ENGINE_ERROR and "prompt logprobs" in raised.value.message
+        )
+
 
 class TestChoices:
     @pytest.mark.parametrize("protocol", PROTOCOLS)
