@@ -8,6 +8,11 @@ per-token messages (`TokenDelta`) are on the hot path. Channels:
     router     ROUTER  <- RouteRequest, RouteProgress              -> RouteResponse
     dispatcher ROUTER  <- GenerateRequest, CancelRequest           -> TokenDelta, GenerateFinished,
                                                                       GenerateFailed
+                       <- EmbedRequest                             -> Embeddings | GenerateFailed
+
+A generation answers TokenDelta..., then one GenerateFinished per choice (`n` of them, each
+with its `index`), or one GenerateFailed that ends every choice. An embed request answers one
+Embeddings or one GenerateFailed. CancelRequest stops either.
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ class Instance(msgspec.Struct, frozen=True, kw_only=True):
     # False when the engine cannot serve a prompt it has to prefill itself (SGLang decode
     # mode, vLLM kv_consumer): the router then never skips the prefill hop for it.
     local_prefill: bool = True
+    # GetModelInfo.is_generation: False for an embedding model, which serves Embed only (and
+    # answers Generate with INVALID_ARGUMENT); route embed requests only to these.
+    is_generation: bool = True
 
 
 # ---- fleet -------------------------------------------------------------------------------
@@ -158,6 +166,35 @@ RouterRequest = RouteRequest | RouteProgress | InstanceBusy
 # ---- dispatcher --------------------------------------------------------------------------
 
 
+# Constraint kinds (structured output). The value is the schema / pattern / grammar / tag as the
+# client gave it; json_object has none; choice carries `choices`.
+CONSTRAINT_JSON_SCHEMA = "json_schema"  # value: a JSON schema (JSON text)
+CONSTRAINT_JSON_OBJECT = "json_object"  # any JSON object
+CONSTRAINT_REGEX = "regex"  # value: a regular expression the whole output matches
+CONSTRAINT_EBNF = "ebnf"  # value: an EBNF grammar (xgrammar's dialect, `root ::= ...`)
+CONSTRAINT_STRUCTURAL_TAG = "structural_tag"  # value: an xgrammar structural tag (JSON text)
+CONSTRAINT_CHOICE = "choice"  # the output is exactly one of `choices`
+CONSTRAINT_KINDS = frozenset(
+    {
+        CONSTRAINT_JSON_SCHEMA,
+        CONSTRAINT_JSON_OBJECT,
+        CONSTRAINT_REGEX,
+        CONSTRAINT_EBNF,
+        CONSTRAINT_STRUCTURAL_TAG,
+        CONSTRAINT_CHOICE,
+    }
+)
+
+
+class Constraint(msgspec.Struct, frozen=True, kw_only=True):
+    """Engine-neutral constrained decoding: one per request. The adapters map each kind to the
+    engine's own field (and say which a protocol cannot carry)."""
+
+    kind: str  # one of CONSTRAINT_KINDS
+    value: str = ""
+    choices: list[str] = []
+
+
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     """Engine-neutral sampling. Every field is explicit: proto3 would turn a missing value
     into 0, so the adapters always send these."""
@@ -171,9 +208,12 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    seed: int | None = None
+    seed: int | None = None  # vLLM only (SGLang's proto has none: the adapter refuses it)
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
+    n: int = 1  # samples of the prompt, done by the engine; replies carry their `index`
+    logit_bias: dict[int, float] = {}  # token id -> bias added to its logit
+    constraint: Constraint | None = None
 
 
 class DisaggParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -192,17 +232,79 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True, tag="generate")
     disagg: DisaggParams | None = None  # SGLang disaggregation
     kv_transfer_params_json: str | None = None  # vLLM disaggregation (sent unchanged)
     stream: bool = True  # False: the engine answers with one final message (vLLM prefill leg)
+    # Output logprobs: None none; k >= 0 the chosen token's logprob plus the k most likely
+    # alternatives per token (TokenDelta.logprobs).
+    logprobs: int | None = None
+    # Prompt logprobs (echo): None none; k >= 0 every prompt token's logprob plus k
+    # alternatives, on the request's first TokenDelta (TokenDelta.prompt_logprobs).
+    prompt_logprobs: int | None = None
+    # The output starts with the model's reasoning (thinking on): SGLang counts reasoning
+    # tokens and holds a constraint back until the reasoning ends (require_reasoning); vLLM
+    # holds it back by itself when it runs a reasoning parser, and with this false the adapter
+    # tells it to constrain from the first token (grammar_from_first_token).
+    reasoning: bool = False
+
+
+class EmbedRequest(msgspec.Struct, frozen=True, kw_only=True, tag="embed"):
+    """Embed each input (token ids) on one embedding instance; one Embeddings reply."""
+
+    request_id: str
+    instance_id: int
+    inputs: list[list[int]]
 
 
 class CancelRequest(msgspec.Struct, frozen=True, tag="cancel"):
     request_id: str
 
 
+class TokenLogprobs(msgspec.Struct, frozen=True, array_like=True):
+    """Logprobs of a delta's tokens, one entry per token. `top_ids` / `top_logprobs` hold, per
+    token, the alternatives in the engine's order (SGLang: most likely first; vLLM: the chosen
+    token first, then the most likely others); empty lists when no alternatives were asked."""
+
+    logprobs: list[float]
+    top_ids: list[list[int]] = []
+    top_logprobs: list[list[float]] = []
+
+
+class PromptLogprobs(msgspec.Struct, frozen=True, array_like=True):
+    """Logprobs of the prompt's tokens, one entry per prompt token; the first is None (nothing
+    precedes it) and its alternatives are empty."""
+
+    logprobs: list[float | None]
+    top_ids: list[list[int]] = []
+    top_logprobs: list[list[float]] = []
+
+
+class DeltaDetail(msgspec.Struct, frozen=True, array_like=True):
+    """What a TokenDelta carries beyond its tokens, when it carries anything."""
+
+    index: int = 0  # the choice (0 ..< n)
+    logprobs: TokenLogprobs | None = None  # as many entries as the delta's token_ids
+    prompt_logprobs: PromptLogprobs | None = None  # on the request's first delta only
+
+
 class TokenDelta(msgspec.Struct, frozen=True, array_like=True, tag="d"):
-    """New output tokens of a request. Replies are array-encoded: TokenDelta is per-token."""
+    """New output tokens of a request. Replies are array-encoded: TokenDelta is per-token, so
+    its extras sit behind one optional field (`detail`, None for choice 0 without logprobs)
+    that costs the common case one byte (bench/token_delta.py). A delta that carries only
+    prompt logprobs may have no token_ids."""
 
     request_id: str
     token_ids: list[int]
+    detail: DeltaDetail | None = None
+
+    @property
+    def index(self) -> int:
+        return self.detail.index if self.detail is not None else 0
+
+    @property
+    def logprobs(self) -> TokenLogprobs | None:
+        return self.detail.logprobs if self.detail is not None else None
+
+    @property
+    def prompt_logprobs(self) -> PromptLogprobs | None:
+        return self.detail.prompt_logprobs if self.detail is not None else None
 
 
 class GenerateFinished(msgspec.Struct, frozen=True, kw_only=True, array_like=True, tag="f"):
@@ -213,6 +315,19 @@ class GenerateFinished(msgspec.Struct, frozen=True, kw_only=True, array_like=Tru
     cached_tokens: int = 0
     matched_token_id: int | None = None
     kv_transfer_params_json: str | None = None  # vLLM prefill leg: the decode leg's params
+    index: int = 0  # the choice this ends; a request with n choices ends after n of these
+    reasoning_tokens: int = 0  # the engine's count (SGLang with `reasoning`), else 0
+
+
+class Embeddings(msgspec.Struct, frozen=True, kw_only=True, array_like=True, tag="e"):
+    """One vector per input, in order, each as little-endian float32 bytes (what the engines'
+    proto floats are, and exactly OpenAI's base64 `encoding_format` once base64-encoded;
+    `array.array("f", v).tolist()` gives floats on a little-endian host)."""
+
+    request_id: str
+    dimensions: int
+    vectors: list[bytes]
+    prompt_tokens: int  # over every input
 
 
 class GenerateFailed(msgspec.Struct, frozen=True, kw_only=True, array_like=True, tag="x"):
@@ -227,5 +342,5 @@ class GenerateFailed(msgspec.Struct, frozen=True, kw_only=True, array_like=True,
     engine_fault: bool = True
 
 
-DispatcherRequest = GenerateRequest | CancelRequest
-DispatcherReply = TokenDelta | GenerateFinished | GenerateFailed
+DispatcherRequest = GenerateRequest | CancelRequest | EmbedRequest
+DispatcherReply = TokenDelta | GenerateFinished | GenerateFailed | Embeddings

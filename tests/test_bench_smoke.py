@@ -88,3 +88,9 @@ def test_parsers_bench_tiny(tmp_path: Path) -> None:
     for stream in ("plain (no markup)", "reasoning + answer", "answer + 2 tool calls"):
         assert table.count(f"| {stream} |") == 2, table
     assert "| stream | off | tools | ratio | reasoning + tools | ratio |" in table
+
+
+def test_token_delta_codec_tiny() -> None:
+    done = run_bench("token_delta.py", "--batch", "4", "--rounds", "50")
+    for row in ("| before |", "| no logprobs |", "| logprobs, top 0 |", "| logprobs, top 5 |"):
+        assert row in done.stdout, done.stdout

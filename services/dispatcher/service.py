@@ -1,5 +1,6 @@
 """The dispatcher process: a ZMQ ROUTER taking GenerateRequest/CancelRequest from
-preprocessors and streaming TokenDelta ... GenerateFinished (or GenerateFailed) back."""
+preprocessors and streaming TokenDelta ... GenerateFinished (or GenerateFailed) back; an
+EmbedRequest answers one Embeddings (or GenerateFailed)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ from switchyard.common import errors
 from switchyard.common.fleet_client import FleetClient
 from switchyard.common.messaging import LoopSocket, decode_routed, new_socket
 from switchyard.dispatcher.channels import ChannelPool
+from switchyard.dispatcher.embeds import run_embed
 from switchyard.dispatcher.metrics import DispatcherMetrics
 from switchyard.dispatcher.outbox import Outbox
 from switchyard.dispatcher.streams import run_generation
 from switchyard.protos import codec
 from switchyard.protos.messages import (
     CancelRequest,
+    EmbedRequest,
     GenerateFailed,
     GenerateRequest,
     InstanceAdded,
@@ -70,7 +73,7 @@ class DispatcherService:
         if routed is None:
             return
         peer, message = routed
-        if isinstance(message, GenerateRequest):
+        if isinstance(message, GenerateRequest | EmbedRequest):
             self._start(peer, message)
         elif isinstance(message, CancelRequest):
             task = self._tasks.get((peer, message.request_id))
@@ -83,7 +86,7 @@ class DispatcherService:
             if owner == peer:
                 task.cancel()
 
-    def _start(self, peer: bytes, request: GenerateRequest) -> None:
+    def _start(self, peer: bytes, request: GenerateRequest | EmbedRequest) -> None:
         key = (peer, request.request_id)
         assert self._outbox is not None
         post = self._outbox.post
@@ -104,11 +107,15 @@ class DispatcherService:
         metrics = self.metrics
         in_flight = metrics.in_flight.labels(str(request.instance_id))
         on_error = metrics.errors.labels
-        task = asyncio.create_task(
-            run_generation(
-                client, request, send, self._report_down, lambda kind: on_error(kind).inc()
-            )
-        )
+
+        def count(kind: str) -> None:
+            on_error(kind).inc()
+
+        if isinstance(request, EmbedRequest):
+            job = run_embed(client, request, send, self._report_down, count)
+        else:
+            job = run_generation(client, request, send, self._report_down, count)
+        task = asyncio.create_task(job)
         self._tasks[key] = task
         metrics.generations.inc()
         in_flight.inc()

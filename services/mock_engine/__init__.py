@@ -1,8 +1,9 @@
 """Mock engine: a CPU stand-in for stock SGLang / vLLM engines serving their real gRPC APIs,
 with a simulated prefix cache, simulated timing and the engines' own KV event wire.
 
-Layout: config, errors, types, timing, tokens, kv_cache, kv_events, faults, kv_handover,
-generation (the neutral core); tokenizer_facts, deps, tokenizer_bundle, kv_wire, kv_zmq,
-kv_grpc, kv_transfer, disagg, common_rpcs, sglang_servicer, vllm_servicer (adapters); server, cli,
-__main__, testing.
+Layout: config, errors, types, timing, tokens, distribution, kv_cache, kv_events, faults,
+kv_handover, generation, samples, patterns, grammars, json_instances, structured, script,
+embedding (the neutral core); tokenizer_facts, deps, tokenizer_bundle, kv_wire, kv_zmq, kv_grpc,
+kv_transfer, disagg, logprob_messages, common_rpcs, sglang_servicer, vllm_servicer (adapters);
+server, cli, __main__, testing.
 """

@@ -137,6 +137,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"vLLM: the KV connector reported (default {cfg.DEFAULT_KV_CONNECTOR} for "
         "prefill/decode; with --role both it makes the engine kv_both)",
     )
+    api = parser.add_argument_group("the OpenAI surface")
+    api.add_argument(
+        "--embedding",
+        action="store_true",
+        help="an embedding model: GetModelInfo.is_generation false, Embed serves deterministic "
+        "vectors, Generate is refused (INVALID_ARGUMENT) as the engines refuse it",
+    )
+    api.add_argument(
+        "--embedding-dim", type=int, default=cfg.DEFAULT_EMBEDDING_DIM, help="vector size"
+    )
+    api.add_argument(
+        "--max-logprobs",
+        type=int,
+        default=cfg.DEFAULT_MAX_LOGPROBS,
+        help="vLLM: requests for more (sample or prompt) logprobs are refused",
+    )
+    api.add_argument(
+        "--script",
+        type=Path,
+        default=None,
+        help="JSON file of {marker, output} rules: a prompt containing a marker gets that "
+        "output, tokenized with the engine's tokenizer and emitted token by token",
+    )
     faults = parser.add_argument_group("fault injection (chaos tests)")
     faults.add_argument(
         "--exit-after-tokens",
@@ -213,6 +236,10 @@ def config_from_args(args: argparse.Namespace) -> cfg.MockEngineConfig:
         side_channel_port=args.side_channel_port,
         kv_transfer_ttl_s=args.kv_transfer_ttl,
         kv_connector=args.kv_connector,
+        embedding=args.embedding,
+        embedding_dim=args.embedding_dim,
+        max_logprobs=args.max_logprobs,
+        script_path=args.script,
     )
 
 

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from switchyard.mock_engine.errors import ConfigError
+from switchyard.mock_engine.script import Script, load_script
 from switchyard.mock_engine.timing import Timing
 
 DEFAULT_MODEL_NAME = "deepseek-mock"
@@ -29,6 +30,8 @@ DEFAULT_BOOTSTRAP_TIMEOUT_S = 10.0  # how long either side of an SGLang handover
 DEFAULT_KV_TRANSFER_TTL_S = 30.0  # how long a vLLM prefill keeps KV pinned for pickup
 DEFAULT_KV_CONNECTOR = "NixlConnector"  # vLLM's, reported (and used) by prefill/decode roles
 MAX_RUNNING_REQUESTS = 256  # reported as the scheduler's running window (vLLM max_num_seqs)
+DEFAULT_EMBEDDING_DIM = 256
+DEFAULT_MAX_LOGPROBS = 20  # vLLM's --max-logprobs default
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -138,6 +141,12 @@ class MockEngineConfig:
     side_channel_port: int = 0  # vLLM producer's KV side channel TCP port; 0: any free port
     kv_transfer_ttl_s: float = DEFAULT_KV_TRANSFER_TTL_S
     kv_connector: str | None = None  # vLLM; None: NixlConnector for prefill/decode, none for both
+    # the OpenAI surface
+    embedding: bool = False  # an embedding model: is_generation false, serves Embed only
+    embedding_dim: int = DEFAULT_EMBEDDING_DIM
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS  # vLLM: more logprobs than this are refused
+    script_path: Path | None = None  # scripted output (see script.py)
+    _script: Script | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         try:
@@ -179,6 +188,12 @@ class MockEngineConfig:
         self._check_disaggregation()
         if not self.speedup > 0:
             raise ConfigError("speedup", f"must be > 0, got {self.speedup}")
+        if self.embedding_dim < 1:
+            raise ConfigError("embedding_dim", f"must be at least 1, got {self.embedding_dim}")
+        if self.max_logprobs < 0:
+            raise ConfigError("max_logprobs", f"must be >= 0, got {self.max_logprobs}")
+        if self.script_path is not None:
+            object.__setattr__(self, "_script", load_script(Path(self.script_path)))
         if self.log_level.upper() not in LOG_LEVELS:
             raise ConfigError("log_level", f"must be one of {', '.join(LOG_LEVELS)}")
         tokenizer_dir = self.tokenizer_dir or default_tokenizer_dir()
@@ -292,6 +307,11 @@ class MockEngineConfig:
                 "topic": self.kv_events_topic,
             }
         )
+
+    @property
+    def script(self) -> Script | None:
+        """The loaded --script rules (read and checked at construction)."""
+        return self._script
 
     @property
     def tokenizer_path(self) -> Path:

@@ -1,22 +1,32 @@
 """What the protocol servicers share: config, tokenizer facts, the core engine, the bundle, the
-fault injector and the engine's disaggregation part."""
+fault injector, the engine's disaggregation part and the output script; and the helpers both
+servicers use (output plans, refusals, embeddings)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
 
+from switchyard.mock_engine import embedding
 from switchyard.mock_engine.config import MockEngineConfig
 from switchyard.mock_engine.disagg import Disaggregation
 from switchyard.mock_engine.faults import FaultInjector, Refusal
 from switchyard.mock_engine.generation import MockEngine
 from switchyard.mock_engine.kv_events import KvEventPublisher
+from switchyard.mock_engine.script import Script
+from switchyard.mock_engine.structured import FixedPlan, TextPlan, compile_constraint
 from switchyard.mock_engine.tokenizer_bundle import TokenizerBundle, bundle_slices
 from switchyard.mock_engine.tokenizer_facts import TokenizerFacts
+from switchyard.mock_engine.types import GenerationRequest, OutputPlan, SamplingSpec
+
+# (kind, value, choices) of a request's constraint, as structured.compile_constraint takes it
+ConstraintSpec = tuple[str, str, Sequence[str]]
+NOT_GENERATION = "This model does not support generation"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -32,6 +42,7 @@ class ServicerDeps:
     faults: FaultInjector
     disagg: Disaggregation
     wall_clock: Callable[[], float] = time.time
+    script: Script | None = None
 
     @property
     def model_type(self) -> str:
@@ -43,6 +54,28 @@ class ServicerDeps:
 
     def uptime_s(self) -> float:
         return max(0.0, self.wall_clock() - self.start_time)
+
+    def output_plan(
+        self, prompt_ids: Sequence[int], constraint: ConstraintSpec | None
+    ) -> OutputPlan | None:
+        """The request's dictated output: its constraint's (ConstraintError if it cannot be
+        built), else the script's rule for the prompt, else None."""
+        if constraint is not None:
+            kind, value, choices = constraint
+            return TextPlan(compile_constraint(kind, value, choices), self.facts.encode_output)
+        if self.script is not None:
+            rule = self.script.match(self.facts.decode_prompt(tuple(prompt_ids)))
+            if rule is not None:
+                return FixedPlan(self.facts.encode_output(rule.output))
+        return None
+
+    async def embed(self, request_id: str, prompt_ids: Sequence[int]) -> list[float]:
+        """An input's vector after its simulated prefill; RequestRejected for bad input (the
+        generation checks: empty, too long, out of vocabulary)."""
+        job = GenerationRequest(request_id, tuple(prompt_ids), SamplingSpec(max_new_tokens=1))
+        self.engine.validate(job)
+        await asyncio.sleep(self.engine.timing.first_token_s(len(prompt_ids)))
+        return embedding.embed(prompt_ids, self.config.embedding_dim)
 
 
 _REFUSALS = {
@@ -63,11 +96,6 @@ async def refuse_if_faulted(deps: ServicerDeps, context: grpc.aio.ServicerContex
     if verdict is not None:
         code, message = _REFUSALS[verdict]
         await context.abort(code, message)
-
-
-async def unimplemented(context: grpc.aio.ServicerContext, what: str) -> None:
-    message = f"{what} is not supported by the mock engine"
-    await context.abort(grpc.StatusCode.UNIMPLEMENTED, message)
 
 
 async def tokenizer_slices(

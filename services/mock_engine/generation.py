@@ -22,6 +22,13 @@ when prompt + output reaches the context length or max new tokens is reached (th
 check runs before the EOS/stop checks, as in SGLang and vLLM). EOS and stop tokens are
 never drawn before min new tokens is reached; with ignore_eos, EOS is never drawn. Emitted
 EOS and stop tokens are part of the output token ids.
+
+Sampling extras (`distribution`): logit_bias changes the drawn token (argmax of the biased
+logits); a request that asks for logprobs gets each step's `score`. A request with an output
+plan (constrained or scripted output) emits the plan's tokens, then EOS (finish "stop", also
+under ignore_eos or before min tokens: the output is complete); the length limit and stop ids
+and strings still apply to them. The plan's seed is the prompt's state mixed with the
+sample's salt, so samples with different seeds get different (valid) outputs.
 """
 
 from __future__ import annotations
@@ -34,11 +41,12 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
+from switchyard.mock_engine.distribution import Distribution
 from switchyard.mock_engine.errors import RequestRejected
 from switchyard.mock_engine.faults import FaultInjector
 from switchyard.mock_engine.kv_cache import Lease, PrefixCache
 from switchyard.mock_engine.timing import Timing
-from switchyard.mock_engine.tokens import TokenOracle, absorb, absorb_all, salt_for_seed
+from switchyard.mock_engine.tokens import TokenOracle, absorb, absorb_all, mix64, salt_for_seed
 from switchyard.mock_engine.types import (
     EventSink,
     Finish,
@@ -70,10 +78,20 @@ def _new_match(stop_strings: tuple[str, ...], text: str, old_chars: int) -> str 
 class _Running:
     """A request in flight: its progress and an abortable pause."""
 
-    __slots__ = ("request_id", "prompt_tokens", "lease", "generated", "aborted", "hung", "_wake")
+    __slots__ = (
+        "request_id",
+        "group",
+        "prompt_tokens",
+        "lease",
+        "generated",
+        "aborted",
+        "hung",
+        "_wake",
+    )
 
-    def __init__(self, request_id: str, prompt_tokens: int, lease: Lease) -> None:
+    def __init__(self, request_id: str, prompt_tokens: int, lease: Lease, group: str = "") -> None:
         self.request_id = request_id
+        self.group = group
         self.prompt_tokens = prompt_tokens
         self.lease = lease
         self.generated = 0
@@ -146,6 +164,7 @@ class MockEngine:
         rng: random.Random | None = None,
     ) -> None:
         self.oracle = oracle
+        self.distribution = Distribution(oracle, vocab_size)
         self.vocab_size = vocab_size
         self.context_length = context_length
         self.cache = cache
@@ -230,13 +249,15 @@ class MockEngine:
         self.cache.release(lease)
 
     def abort(self, request_id: str) -> bool:
-        """Abort a running request; False when no such request is running."""
+        """Abort a running request (or every sample of an n > 1 request by its caller's id);
+        False when no such request is running."""
         running = self._active.get(request_id)
-        if running is None:
-            return False
-        running.abort()
-        logger.info("aborted request_id=%s", request_id)
-        return True
+        targets = [running] if running is not None else []
+        targets += [r for r in self._active.values() if r.group == request_id and r is not running]
+        for target in targets:
+            target.abort()
+            logger.info("aborted request_id=%s", target.request_id)
+        return bool(targets)
 
     def validate(self, request: GenerationRequest) -> None:
         """Raise RequestRejected for what the real engines refuse with INVALID_ARGUMENT."""
@@ -278,6 +299,16 @@ class MockEngine:
             raise RequestRejected(
                 rid, f"transferred tokens ({request.transferred_tokens}) exceed the prompt"
             )
+        if sampling.logit_bias:
+            outside = sorted(t for t in sampling.logit_bias if not 0 <= t < self.vocab_size)
+            if outside:
+                raise RequestRejected(
+                    rid,
+                    f"token_id(s) {outside} in logit_bias contain out-of-vocab token ids. "
+                    f"Vocabulary size: {self.vocab_size}",
+                )
+        if sampling.logprobs is not None and sampling.logprobs < 0:
+            raise RequestRejected(rid, f"logprobs must be >= 0, got {sampling.logprobs}")
 
     def _queue_prefill(self, uncached_tokens: int) -> float:
         """With prefill_stalls_decode: book this prefill after those already running; the
@@ -302,7 +333,7 @@ class MockEngine:
         prompt = request.prompt_ids
         lease = self.cache.begin(prompt)
         cached = max(lease.cached_tokens, request.transferred_tokens)
-        running = _Running(rid, len(prompt), lease)
+        running = _Running(rid, len(prompt), lease, request.group)
         self._active[rid] = running
         self._last_receive_time = self._wall_clock()
         self.total_requests += 1
@@ -319,6 +350,10 @@ class MockEngine:
             else:
                 salt = 0
             state = absorb_all(prompt)
+            forced = tuple(request.output.tokens(mix64(state ^ salt))) if request.output else None
+            bias = sampling.logit_bias
+            top = sampling.logprobs
+            dist = self.distribution
             stop_ids = sampling.stop_token_ids
             stop_strings = tuple(s for s in sampling.stop_strings if s)
             keep = max((len(s) for s in stop_strings), default=1) - 1
@@ -346,12 +381,34 @@ class MockEngine:
                     logger.info("request_id=%s hangs after %d tokens (injected)", rid, produced)
                     await running.hang()
                 may_stop = produced >= sampling.min_new_tokens
-                token = self.oracle.pick(
-                    state,
-                    salt=salt,
-                    allow_eos=may_stop and not sampling.ignore_eos,
-                    banned=() if may_stop else stop_ids,
-                )
+                allow_eos = may_stop and not sampling.ignore_eos
+                banned = () if may_stop else stop_ids
+                dictated = forced is not None
+                if forced is not None:
+                    token = forced[produced] if produced < len(forced) else eos
+                elif bias:
+                    token = dist.choose(
+                        state, salt=salt, allow_eos=allow_eos, banned=banned, bias=bias
+                    )
+                else:
+                    token = self.oracle.pick(state, salt=salt, allow_eos=allow_eos, banned=banned)
+                score = None
+                if top is not None:
+                    if dictated or not bias:
+                        score = dist.score(state, token, top=top, banned=banned)
+                    else:
+                        first = self.oracle.pick(
+                            state, salt=salt, allow_eos=allow_eos, banned=banned
+                        )
+                        score = dist.score(
+                            state,
+                            token,
+                            top=top,
+                            first=first,
+                            bias=bias,
+                            banned=banned,
+                            allow_eos=allow_eos,
+                        )
                 state = absorb(state, token)
                 produced += 1
                 running.generated = produced
@@ -363,9 +420,9 @@ class MockEngine:
                 finish: Finish | None = None
                 if produced >= limit:
                     finish = Finish(FinishReason.LENGTH)
-                elif token == eos and not sampling.ignore_eos:
+                elif token == eos and (dictated or not sampling.ignore_eos):
                     finish = Finish(FinishReason.STOP, matched_token_id=token, matched_is_eos=True)
-                elif token in stop_ids:
+                elif token in stop_ids and may_stop:
                     finish = Finish(FinishReason.STOP, matched_token_id=token)
                 elif stop_strings:
                     text = tail + self._token_text(token)
@@ -373,7 +430,7 @@ class MockEngine:
                     if matched is not None:
                         finish = Finish(FinishReason.STOP, matched_stop_str=matched)
                     tail = text[-keep:] if keep else ""
-                yield Step((token,), produced, finish, cached)
+                yield Step((token,), produced, finish, cached, score)
                 if faults is not None:
                     faults.after_token(self.tokens_generated)
                 if finish is not None:

@@ -171,6 +171,7 @@ class MockEngineServer:
             start_time=time.time(),
             faults=faults,
             disagg=disagg,
+            script=config.script,
         )
         if config.protocol is EngineProtocol.SGLANG:
             sglang_scheduler_pb2_grpc.add_SglangSchedulerServicer_to_server(
@@ -194,13 +195,16 @@ class MockEngineServer:
         self.kv_events, self._zmq = publisher, transport
         self.disagg, self.faults = disagg, faults
         logger.info(
-            "mock engine ready protocol=%s port=%d host=%s model=%s role=%s kv_transfer_port=%d",
+            "mock engine ready protocol=%s port=%d host=%s model=%s role=%s kv_transfer_port=%d "
+            "embedding=%s script_rules=%d",
             config.protocol.value,
             port,
             config.host,
             config.model_name,
             config.role.value,
             disagg.port,
+            config.embedding,
+            len(config.script) if config.script is not None else 0,
         )
         return port
 

@@ -11,6 +11,22 @@ and complete) is the prompt prefix served from the cache. SubscribeKvEvents stre
 events (see kv_grpc); FlushCache clears the cache (AllBlocksCleared) unless requests are running.
 server_args.kv_events_config is the KVEventsConfig JSON when --kv-events-endpoint is set.
 
+The OpenAI surface: n > 1 runs n samples (SGLang's sub-requests `<id>-<i>`, each a random salt);
+chunks and completes carry their `index`, streams interleave, and a non-streaming request
+answers its n completes together, in index order. logit_bias (string keys) changes the draw.
+return_logprob: each chunk has the output_logprobs of its tokens (top_logprobs_num alternatives,
+most likely first), the streamed complete repeats the last chunk's, a non-streaming complete has
+all; logprob_start_len >= 0 adds input_logprobs from that position (first token: no value) on a
+sample's first chunk, or on its complete when not streaming. The constraint oneof (regex,
+json_schema, ebnf_grammar, structural_tag) dictates the output (see structured), else a --script
+rule may; one it cannot build is INVALID_ARGUMENT. --embedding: is_generation false, Embed
+answers deterministic vectors, and Generate is INVALID_ARGUMENT "This model does not support
+generation" (SGLang's gRPC servicer passes such a request to its scheduler unchecked; the mock
+refuses it as vLLM does, so a client sees a clear error); a generation model's Embed is
+INVALID_ARGUMENT too. The mock runs no reasoning parser: require_reasoning changes nothing
+(reasoning_tokens stays 0) and constrained output starts constrained. n > 1 with
+disaggregated_params (prefill or decode mode): INVALID_ARGUMENT.
+
 Disaggregation (a request with DisaggregatedParams, on an engine in prefill or decode mode; the
 "null" mode ignores them, as does either mode without them: served aggregated):
 - prefill mode: runs the prefill and the first token (max_new_tokens 1), holds the prompt's
@@ -42,20 +58,24 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from smg_grpc_proto import sglang_scheduler_pb2 as pb
 from smg_grpc_proto import sglang_scheduler_pb2_grpc as pb_grpc
 
+from switchyard.mock_engine import logprob_messages, structured
 from switchyard.mock_engine.common_rpcs import CommonRpcs
 from switchyard.mock_engine.config import DEFAULT_BOOTSTRAP_PORT, MAX_RUNNING_REQUESTS, Role
 from switchyard.mock_engine.deps import (
+    NOT_GENERATION,
+    ConstraintSpec,
     ServicerDeps,
     refuse_if_faulted,
-    unimplemented,
 )
 from switchyard.mock_engine.errors import KvTransferFailed, RequestRejected
 from switchyard.mock_engine.kv_handover import room_key
+from switchyard.mock_engine.samples import run_samples
 from switchyard.mock_engine.types import (
     Finish,
     FinishReason,
     GenerationRequest,
     SamplingSpec,
+    Scored,
     Step,
 )
 
@@ -65,9 +85,26 @@ SERVICE_NAME = "sglang.grpc.scheduler.SglangScheduler"
 VERSION = "mock"
 
 
-def sampling_spec(params: pb.SamplingParams) -> SamplingSpec:
-    if params.n > 1:
-        raise ValueError(f"n={params.n} is not supported by the mock engine (n=1 only)")
+_CONSTRAINTS = {
+    "regex": structured.REGEX,
+    "json_schema": structured.JSON_SCHEMA,
+    "ebnf_grammar": structured.EBNF,
+    "structural_tag": structured.STRUCTURAL_TAG,
+}
+
+
+def _logit_bias(params: pb.SamplingParams) -> dict[int, float]:
+    bias: dict[int, float] = {}
+    for key, value in params.logit_bias.items():
+        try:
+            bias[int(key)] = value
+        except ValueError:
+            raise ValueError(f"logit_bias key {key!r} is not a token id") from None
+    return bias
+
+
+def sampling_spec(request: pb.GenerateRequest) -> SamplingSpec:
+    params = request.sampling_params
     return SamplingSpec(
         max_new_tokens=params.max_new_tokens if params.HasField("max_new_tokens") else None,
         min_new_tokens=params.min_new_tokens,
@@ -77,11 +114,36 @@ def sampling_spec(params: pb.SamplingParams) -> SamplingSpec:
         ignore_eos=params.ignore_eos,
         temperature=params.temperature,
         seed=None,
+        logit_bias=_logit_bias(params),
+        logprobs=max(0, request.top_logprobs_num) if request.return_logprob else None,
     )
 
 
+def spec_n(request: pb.GenerateRequest) -> int:
+    return max(1, request.sampling_params.n)
+
+
+def constraint_spec(params: pb.SamplingParams) -> ConstraintSpec | None:
+    field = params.WhichOneof("constraint")
+    if field is None:
+        return None
+    return _CONSTRAINTS[field], getattr(params, field), ()
+
+
+def _output_logprobs(request: pb.GenerateRequest, scores: list[Scored]) -> pb.OutputLogProbs | None:
+    if not request.return_logprob:
+        return None
+    return logprob_messages.output_logprobs(pb, scores, request.top_logprobs_num)
+
+
 def _complete(
-    request_id: str, output_ids: list[int] | tuple[int, ...], prompt_tokens: int, step: Step
+    request_id: str,
+    output_ids: list[int] | tuple[int, ...],
+    prompt_tokens: int,
+    step: Step,
+    index: int = 0,
+    logprobs: pb.OutputLogProbs | None = None,
+    prompt_logprobs: pb.InputLogProbs | None = None,
 ) -> pb.GenerateResponse:
     finish = step.finish or Finish(FinishReason.STOP)
     complete = pb.GenerateComplete(
@@ -90,6 +152,9 @@ def _complete(
         prompt_tokens=prompt_tokens,
         completion_tokens=step.completion_tokens,
         cached_tokens=step.cached_tokens,
+        index=index,
+        output_logprobs=logprobs,
+        input_logprobs=prompt_logprobs,
     )
     if finish.matched_token_id is not None:
         complete.matched_token_id = finish.matched_token_id
@@ -108,15 +173,24 @@ class SglangServicer(CommonRpcs, pb_grpc.SglangSchedulerServicer):
     ) -> AsyncIterator[pb.GenerateResponse]:
         request_id = request.request_id or self.engine.new_request_id()
         await refuse_if_faulted(self.deps, context)
+        if self.deps.config.embedding:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, NOT_GENERATION)
         try:
             if not request.HasField("tokenized"):
                 raise ValueError("Tokenized input must be provided")
-            spec = sampling_spec(request.sampling_params)
-        except ValueError as exc:
+            spec = sampling_spec(request)
+            prompt = tuple(request.tokenized.input_ids)
+            plan = self.deps.output_plan(prompt, constraint_spec(request.sampling_params))
+        except ValueError as exc:  # ConstraintError is one
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        job = GenerationRequest(request_id, tuple(request.tokenized.input_ids), spec)
+        job = GenerationRequest(request_id, prompt, spec, output=plan)
         config = self.deps.config
         disaggregated = request.HasField("disaggregated_params")
+        if disaggregated and (config.kv_producer or config.kv_consumer) and spec_n(request) > 1:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "n > 1 with disaggregated_params is not supported by the mock engine",
+            )
         try:
             if disaggregated and config.kv_producer:
                 async for reply in self._prefill(request, job, context):
@@ -130,16 +204,40 @@ class SglangServicer(CommonRpcs, pb_grpc.SglangSchedulerServicer):
             logger.info("rejected request_id=%s: %s", request_id, exc.reason)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.reason)
 
+    def _prompt_logprobs(self, request: pb.GenerateRequest) -> pb.InputLogProbs | None:
+        start = request.logprob_start_len
+        if not request.return_logprob or start < 0:
+            return None
+        prompt = list(request.tokenized.input_ids)
+        top = request.top_logprobs_num
+        scores = self.engine.distribution.prompt_scores(prompt, start, top)
+        return logprob_messages.input_logprobs(pb, prompt[start:], scores, top, scored_first=False)
+
     async def _serve(
         self, request: pb.GenerateRequest, job: GenerationRequest, context: grpc.aio.ServicerContext
     ) -> AsyncGenerator[pb.GenerateResponse, None]:
         request_id, prompt_tokens = job.request_id, len(job.prompt_ids)
-        output: list[int] = []
-        async with aclosing(self.engine.generate(job)) as steps:
-            async for step in steps:
+        n = spec_n(request)
+        jobs = [job]
+        if n > 1:
+            jobs = [
+                dataclasses.replace(job, request_id=f"{job.request_id}-{i}", group=job.request_id)
+                for i in range(n)
+            ]
+        prompt_logprobs = self._prompt_logprobs(request)
+        first = [True] * n
+        outputs: list[list[int]] = [[] for _ in range(n)]
+        scores: list[list[Scored]] = [[] for _ in range(n)]
+        finals: list[pb.GenerateResponse | None] = [None] * n
+        async with aclosing(run_samples(self.engine, jobs)) as steps:
+            async for index, step in steps:
                 if step.finish is not None and step.finish.reason is FinishReason.ABORT:
                     await context.abort(grpc.StatusCode.INTERNAL, "Request aborted")
+                step_scores = [step.score] if step.score is not None else []
                 if request.stream:
+                    inputs = prompt_logprobs if first[index] else None
+                    first[index] = False
+                    logprobs = _output_logprobs(request, step_scores)
                     yield pb.GenerateResponse(
                         request_id=request_id,
                         chunk=pb.GenerateStreamChunk(
@@ -147,14 +245,37 @@ class SglangServicer(CommonRpcs, pb_grpc.SglangSchedulerServicer):
                             prompt_tokens=prompt_tokens,
                             completion_tokens=step.completion_tokens,
                             cached_tokens=step.cached_tokens,
+                            index=index,
+                            output_logprobs=logprobs,
+                            input_logprobs=inputs,
                         ),
                     )
                     if step.finish is not None:
-                        yield _complete(request_id, step.token_ids, prompt_tokens, step)
-                else:
-                    output.extend(step.token_ids)
-                    if step.finish is not None:
-                        yield _complete(request_id, output, prompt_tokens, step)
+                        yield _complete(
+                            request_id,
+                            step.token_ids,
+                            prompt_tokens,
+                            step,
+                            index,
+                            logprobs,
+                            inputs,
+                        )
+                    continue
+                outputs[index].extend(step.token_ids)
+                scores[index].extend(step_scores)
+                if step.finish is not None:
+                    finals[index] = _complete(
+                        request_id,
+                        outputs[index],
+                        prompt_tokens,
+                        step,
+                        index,
+                        _output_logprobs(request, scores[index]),
+                        prompt_logprobs,
+                    )
+        for final in finals:  # not streaming: every sample's complete, in index order
+            if final is not None:
+                yield final
 
     async def _prefill(
         self, request: pb.GenerateRequest, job: GenerationRequest, context: grpc.aio.ServicerContext
@@ -221,8 +342,23 @@ class SglangServicer(CommonRpcs, pb_grpc.SglangSchedulerServicer):
     async def Embed(
         self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext
     ) -> pb.EmbedResponse:
-        await unimplemented(context, "Embed")
-        return pb.EmbedResponse()
+        if not self.deps.config.embedding:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "This model does not support embedding"
+            )
+        if not request.HasField("tokenized"):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "Tokenized input must be provided"
+            )
+        request_id = request.request_id or self.engine.new_request_id()
+        prompt = tuple(request.tokenized.input_ids)
+        try:
+            vector = await self.deps.embed(request_id, prompt)
+        except RequestRejected as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.reason)
+        return pb.EmbedResponse(
+            embedding=vector, prompt_tokens=len(prompt), embedding_dim=len(vector)
+        )
 
     async def HealthCheck(
         self, request: pb.HealthCheckRequest, context: grpc.aio.ServicerContext
@@ -243,7 +379,7 @@ class SglangServicer(CommonRpcs, pb_grpc.SglangSchedulerServicer):
         return pb.GetModelInfoResponse(
             model_path=str(facts.directory),
             tokenizer_path=str(facts.directory),
-            is_generation=True,
+            is_generation=not deps.config.embedding,
             preferred_sampling_params="",
             default_sampling_params_json="{}",
             weight_version="default",
@@ -279,6 +415,7 @@ class SglangServicer(CommonRpcs, pb_grpc.SglangSchedulerServicer):
             "dp_size": 1,
             "tp_size": 1,
             "enable_dp_attention": False,
+            "is_embedding": config.embedding,
             "mock_engine": True,
         }
 
@@ -291,7 +428,7 @@ class SglangServicer(CommonRpcs, pb_grpc.SglangSchedulerServicer):
         scheduler_info = Struct()
         scheduler_info.update(
             {
-                "is_generation": True,
+                "is_generation": not deps.config.embedding,
                 "max_total_num_tokens": deps.config.kv_pool_tokens,
                 "max_req_input_len": self.engine.max_prompt_tokens,
                 **deps.disagg.counters.as_dict(),

@@ -44,6 +44,14 @@ class TokenizerFacts:
         """Token ids of `text` the way an engine tokenizes a text prompt (CPU-bound)."""
         return list(self.tokenizer.encode(text).ids)
 
+    def encode_output(self, text: str) -> list[int]:
+        """Token ids of generated text (no BOS; special-token markup becomes its own ids)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def decode_prompt(self, token_ids: list[int] | tuple[int, ...]) -> str:
+        """A prompt's text with its special tokens (template markup) kept."""
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=False)
+
     def text_of(self, token_id: int) -> str:
         """The text one token decodes to on its own (ordinary ids decode to whole characters)."""
         return self.tokenizer.decode([token_id], skip_special_tokens=False)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple, Protocol
 
 
 class FinishReason(enum.StrEnum):
@@ -23,6 +23,15 @@ class SamplingSpec:
     ignore_eos: bool = False
     temperature: float = 0.0
     seed: int | None = None  # temperature > 0 without a seed: a per-request random salt
+    logit_bias: Mapping[int, float] = dataclasses.field(default_factory=dict)
+    logprobs: int | None = None  # None: no logprobs; k: the emitted token's and the top k
+
+
+class OutputPlan(Protocol):
+    """Output a request must produce (constrained or scripted): its token ids, given a seed
+    that differs per sample (the context and the sample's salt)."""
+
+    def tokens(self, seed: int) -> Sequence[int]: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -32,6 +41,18 @@ class GenerationRequest:
     sampling: SamplingSpec
     # prompt tokens whose KV a prefill engine handed over: no prefill cost, reported as cached
     transferred_tokens: int = 0
+    # dictated output (then EOS); None: the next-token function decides
+    output: OutputPlan | None = None
+    group: str = ""  # the caller's id of an n > 1 request: aborting it aborts every sample
+
+
+class Scored(NamedTuple):
+    """One position's logprobs: the token, its logprob, and the most likely tokens as
+    (id, logprob), most likely first."""
+
+    token_id: int
+    logprob: float
+    ranked: tuple[tuple[int, float], ...]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -50,6 +71,7 @@ class Step:
     completion_tokens: int  # cumulative, this step included
     finish: Finish | None = None
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (the same every step)
+    score: Scored | None = None  # the token's logprobs, when the request asked for them
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -31,6 +31,22 @@ the params are ignored, as vLLM without a KV connector ignores them.
   INVALID_ARGUMENT.
 Faults: --fail-* refuse a Generate call before anything else (UNAVAILABLE /
 RESOURCE_EXHAUSTED).
+
+The OpenAI surface: n > 1 runs n samples (sample i seeded with seed + i, as vLLM's parallel
+sampling does); chunks and completes carry their `index`, streams interleave, each sample ends
+with its own complete (not streaming: all n completes once every sample is done, by index).
+logit_bias (int keys) changes the draw; an out-of-vocabulary key is INVALID_ARGUMENT.
+logprobs k: each chunk's output_logprobs (the chosen token first, then the most likely others,
+k in all); a streamed complete repeats the last delta's, a non-streaming one
+has all. prompt_logprobs k: input_logprobs (first token: no value; each top list starts with
+the prompt token) on a sample's first chunk, and on every non-streaming complete. More than
+--max-logprobs (20) of either: INVALID_ARGUMENT in vLLM's words. The constraint oneof
+(json_schema, regex, grammar, structural_tag, json_object, choice) dictates the output (see
+structured), else a --script rule may; one it cannot build is INVALID_ARGUMENT. The mock runs no
+reasoning parser: grammar_from_first_token changes nothing (its output starts constrained).
+--embedding: is_generation false, Embed answers deterministic vectors, Generate
+INVALID_ARGUMENT "This model does not support generation" (a generation model's Embed: "This
+model does not support pooling").
 """
 
 from __future__ import annotations
@@ -48,19 +64,23 @@ import grpc
 from smg_grpc_proto import vllm_engine_pb2 as pb
 from smg_grpc_proto import vllm_engine_pb2_grpc as pb_grpc
 
+from switchyard.mock_engine import logprob_messages, structured
 from switchyard.mock_engine.common_rpcs import CommonRpcs
 from switchyard.mock_engine.config import MAX_RUNNING_REQUESTS
 from switchyard.mock_engine.deps import (
+    NOT_GENERATION,
+    ConstraintSpec,
     ServicerDeps,
     refuse_if_faulted,
-    unimplemented,
 )
 from switchyard.mock_engine.errors import KvTransferFailed, RequestRejected
 from switchyard.mock_engine.kv_handover import request_key
+from switchyard.mock_engine.samples import run_samples
 from switchyard.mock_engine.types import (
     FinishReason,
     GenerationRequest,
     SamplingSpec,
+    Scored,
     Step,
 )
 
@@ -71,9 +91,21 @@ VERSION = "mock"
 TP_SIZE = 1
 
 
-def sampling_spec(params: pb.SamplingParams) -> SamplingSpec:
-    if params.n > 1:
-        raise ValueError(f"n={params.n} is not supported by the mock engine (n=1 only)")
+def _logprob_count(
+    params: pb.SamplingParams, field: str, what: str, limit: int, vocab: int
+) -> int | None:
+    if not params.HasField(field):
+        return None
+    count = getattr(params, field)
+    wanted = vocab if count == -1 else count
+    if wanted > limit or count < -1:
+        raise ValueError(
+            f"Requested {what} logprobs of {wanted}, which is greater than max allowed: {limit}"
+        )
+    return wanted
+
+
+def sampling_spec(params: pb.SamplingParams, max_logprobs: int, vocab: int) -> SamplingSpec:
     if params.HasField("max_tokens") and params.max_tokens < 1:
         raise ValueError(f"max_tokens must be at least 1, got {params.max_tokens}.")
     return SamplingSpec(
@@ -84,7 +116,26 @@ def sampling_spec(params: pb.SamplingParams) -> SamplingSpec:
         ignore_eos=params.ignore_eos,
         temperature=params.temperature if params.HasField("temperature") else 1.0,
         seed=params.seed if params.HasField("seed") else None,
+        logit_bias=dict(params.logit_bias),
+        logprobs=_logprob_count(params, "logprobs", "sample", max_logprobs, vocab),
     )
+
+
+def constraint_spec(params: pb.SamplingParams) -> ConstraintSpec | None:
+    field = params.WhichOneof("constraint")
+    if field == "json_schema":
+        return structured.JSON_SCHEMA, params.json_schema, ()
+    if field == "regex":
+        return structured.REGEX, params.regex, ()
+    if field == "grammar":
+        return structured.EBNF, params.grammar, ()
+    if field == "structural_tag":
+        return structured.STRUCTURAL_TAG, params.structural_tag, ()
+    if field == "json_object" and params.json_object:
+        return structured.JSON_OBJECT, "", ()
+    if field == "choice":
+        return structured.CHOICE, "", tuple(params.choice.choices)
+    return None
 
 
 def transfer_params(request: pb.GenerateRequest) -> dict[str, Any] | None:
@@ -105,6 +156,9 @@ def _complete(
     prompt_tokens: int,
     step: Step,
     handover: dict[str, Any] | None = None,
+    index: int = 0,
+    logprobs: pb.OutputLogProbs | None = None,
+    prompt_logprobs: pb.InputLogProbs | None = None,
 ) -> pb.GenerateResponse:
     finish = step.finish
     complete = pb.GenerateComplete(
@@ -113,6 +167,9 @@ def _complete(
         prompt_tokens=prompt_tokens,
         completion_tokens=len(output_ids),
         cached_tokens=step.cached_tokens,
+        index=index,
+        output_logprobs=logprobs,
+        input_logprobs=prompt_logprobs,
     )
     if finish is not None:
         if finish.matched_token_id is not None and not finish.matched_is_eos:
@@ -124,6 +181,12 @@ def _complete(
         complete.kv_transfer_params.remote_host = handover["remote_host"]
         complete.kv_transfer_params.remote_port = handover["remote_port"]
     return pb.GenerateResponse(complete=complete)
+
+
+def _output_logprobs(top: int | None, scores: list[Scored]) -> pb.OutputLogProbs | None:
+    if top is None:
+        return None
+    return logprob_messages.output_logprobs(pb, scores, top)
 
 
 class VllmServicer(CommonRpcs, pb_grpc.VllmEngineServicer):
@@ -138,23 +201,42 @@ class VllmServicer(CommonRpcs, pb_grpc.VllmEngineServicer):
             return tuple(await asyncio.to_thread(self.deps.facts.encode, request.text))
         return ()
 
+    def _prompt_logprobs(
+        self, params: pb.SamplingParams, prompt: tuple[int, ...]
+    ) -> pb.InputLogProbs | None:
+        config = self.deps.config
+        top = _logprob_count(
+            params, "prompt_logprobs", "prompt", config.max_logprobs, self.deps.facts.vocab_size
+        )
+        if top is None:
+            return None
+        scores = self.engine.distribution.prompt_scores(prompt, 0, top)
+        return logprob_messages.input_logprobs(pb, prompt, scores, top, scored_first=True)
+
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
         request_id = request.request_id or self.engine.new_request_id()
         await refuse_if_faulted(self.deps, context)
-        try:
-            spec = sampling_spec(request.sampling_params)
-            params = transfer_params(request)
-        except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        job = GenerationRequest(request_id, await self._prompt_ids(request), spec)
         config = self.deps.config
+        if config.embedding:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, NOT_GENERATION)
+        try:
+            params = request.sampling_params
+            spec = sampling_spec(params, config.max_logprobs, self.deps.facts.vocab_size)
+            transfer = transfer_params(request)
+            prompt = await self._prompt_ids(request)
+            plan = self.deps.output_plan(prompt, constraint_spec(params))
+            prompt_logprobs = self._prompt_logprobs(params, prompt)
+        except ValueError as exc:  # ConstraintError is one
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        job = GenerationRequest(request_id, prompt, spec, output=plan)
+        n = max(1, params.n)
         produce = consume = False
-        if params is not None:
-            produce = bool(params.get("do_remote_decode")) and config.kv_producer
-            consume = bool(params.get("do_remote_prefill")) and config.kv_consumer
-            if (params.get("do_remote_decode") or params.get("do_remote_prefill")) and not (
+        if transfer is not None:
+            produce = bool(transfer.get("do_remote_decode")) and config.kv_producer
+            consume = bool(transfer.get("do_remote_prefill")) and config.kv_consumer
+            if (transfer.get("do_remote_decode") or transfer.get("do_remote_prefill")) and not (
                 produce or consume
             ):
                 logger.warning(
@@ -162,34 +244,86 @@ class VllmServicer(CommonRpcs, pb_grpc.VllmEngineServicer):
                     request_id,
                     config.vllm_kv_role,
                 )
+        if n > 1 and (produce or consume):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "n > 1 with kv_transfer_params is not supported by the mock engine",
+            )
         prompt_tokens = len(job.prompt_ids)
-        output: list[int] = []
+        top = spec.logprobs
         try:
-            if consume and params is not None:
-                job = await self._receive(job, params, context)
-            async with aclosing(self.engine.generate(job)) as steps:
-                async for step in steps:
+            if consume and transfer is not None:
+                job = await self._receive(job, transfer, context)
+            jobs = [job]
+            if n > 1:
+                jobs = [self._sample(job, i) for i in range(n)]
+            first = [True] * n
+            outputs: list[list[int]] = [[] for _ in range(n)]
+            scores: list[list[Scored]] = [[] for _ in range(n)]
+            finals: list[pb.GenerateResponse | None] = [None] * n
+            async with aclosing(run_samples(self.engine, jobs)) as steps:
+                async for index, step in steps:
                     handover = None
                     if produce and step.finish is not None:
                         handover = self._offer(job, step)
+                    step_scores = [step.score] if step.score is not None else []
                     if request.stream:
+                        inputs = prompt_logprobs if first[index] else None
+                        logprobs = _output_logprobs(top, step_scores)
                         yield pb.GenerateResponse(
                             chunk=pb.GenerateStreamChunk(
                                 token_ids=step.token_ids,
                                 prompt_tokens=prompt_tokens,
                                 completion_tokens=len(step.token_ids),
                                 cached_tokens=step.cached_tokens,
+                                index=index,
+                                output_logprobs=logprobs,
+                                input_logprobs=inputs,
                             )
                         )
                         if step.finish is not None:
-                            yield _complete(step.token_ids, prompt_tokens, step, handover)
+                            # The final output holds prompt logprobs only if it is the first.
+                            yield _complete(
+                                step.token_ids,
+                                prompt_tokens,
+                                step,
+                                handover,
+                                index,
+                                logprobs,
+                                inputs,
+                            )
+                        first[index] = False
                     else:
-                        output.extend(step.token_ids)
+                        outputs[index].extend(step.token_ids)
+                        scores[index].extend(step_scores)
                         if step.finish is not None:
-                            yield _complete(output, prompt_tokens, step, handover)
+                            finals[index] = _complete(
+                                outputs[index],
+                                prompt_tokens,
+                                step,
+                                handover,
+                                index,
+                                _output_logprobs(top, scores[index]),
+                                prompt_logprobs,
+                            )
+            # Not streaming: vLLM answers once the whole request is done, in index order.
+            for final in finals:
+                if final is not None:
+                    yield final
         except RequestRejected as exc:
             logger.info("rejected request_id=%s: %s", request_id, exc.reason)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.reason)
+
+    @staticmethod
+    def _sample(job: GenerationRequest, index: int) -> GenerationRequest:
+        """Sample `index` of an n > 1 request: seed + index (vLLM's parallel sampling)."""
+        seed = job.sampling.seed
+        sampling = job.sampling
+        if seed is not None:
+            sampling = dataclasses.replace(sampling, seed=seed + index)
+        return dataclasses.replace(
+            job, request_id=f"{index}_{job.request_id}", sampling=sampling, group=job.request_id
+        )
 
     def _offer(self, job: GenerationRequest, step: Step) -> dict[str, Any] | None:
         """Producer: pin a length-capped prefill's prompt KV for pickup; its transfer params."""
@@ -253,8 +387,23 @@ class VllmServicer(CommonRpcs, pb_grpc.VllmEngineServicer):
     async def Embed(
         self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext
     ) -> pb.EmbedResponse:
-        await unimplemented(context, "Embed")
-        return pb.EmbedResponse()
+        if not self.deps.config.embedding:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "This model does not support pooling"
+            )
+        if not request.HasField("tokenized"):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "EmbedRequest requires tokenized input"
+            )
+        request_id = request.request_id or self.engine.new_request_id()
+        prompt = tuple(request.tokenized.input_ids)
+        try:
+            vector = await self.deps.embed(request_id, prompt)
+        except RequestRejected as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.reason)
+        return pb.EmbedResponse(
+            embedding=vector, prompt_tokens=len(prompt), embedding_dim=len(vector)
+        )
 
     async def HealthCheck(
         self, request: pb.HealthCheckRequest, context: grpc.aio.ServicerContext
@@ -274,7 +423,7 @@ class VllmServicer(CommonRpcs, pb_grpc.VllmEngineServicer):
         deps, facts = self.deps, self.deps.facts
         return pb.GetModelInfoResponse(
             model_path=str(facts.directory),
-            is_generation=True,
+            is_generation=not deps.config.embedding,
             max_context_length=deps.config.context_length,
             vocab_size=facts.vocab_size,
             supports_vision=False,

@@ -1,7 +1,8 @@
 """Engine adapters: one module per engine family behind one interface.
 
 Layout: `base` holds the neutral interface (EngineClient, EngineInfo) and shared channel setup;
-`sglang` and `vllm` adapt each family's gRPC API; `connect` detects the family of a URL.
+`wire` the proto bounds and logprob messages both families share; `sglang` and `vllm` adapt
+each family's gRPC API; `connect` detects the family of a URL.
 """
 
 from switchyard.common.engines.base import EngineClient, EngineInfo

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import abc
+import array
 import hashlib
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeAlias
@@ -12,8 +14,16 @@ import grpc
 from smg_grpc_proto.generated import common_pb2
 
 from switchyard.common import errors
+from switchyard.common.engines import wire
 from switchyard.common.errors import EngineError
-from switchyard.protos.messages import GenerateFinished, GenerateRequest, TokenDelta
+from switchyard.protos.messages import (
+    DeltaDetail,
+    GenerateFinished,
+    GenerateRequest,
+    PromptLogprobs,
+    TokenDelta,
+    TokenLogprobs,
+)
 
 # Tokenizer zips and server info can be several MB; generation messages are small.
 CHANNEL_OPTIONS = [
@@ -45,6 +55,7 @@ class EngineInfo:
     max_running_requests: int = 0
     tokenizer_path: str = ""
     local_prefill: bool = True  # False: the engine only decodes transferred KV
+    is_generation: bool = True  # GetModelInfo.is_generation; False: an embedding model
 
 
 @dataclass(frozen=True)
@@ -53,7 +64,24 @@ class EngineLoad:
     waiting: int
 
 
+@dataclass(frozen=True)
+class Embedding:
+    """One input's vector as little-endian float32 bytes (the proto's floats, unchanged)."""
+
+    vector: bytes
+    dimensions: int
+    prompt_tokens: int
+
+
 GenerateEvent: TypeAlias = TokenDelta | GenerateFinished
+
+
+def _detail(
+    index: int, logprobs: TokenLogprobs | None, prompt: PromptLogprobs | None
+) -> DeltaDetail | None:
+    if index == 0 and logprobs is None and prompt is None:
+        return None
+    return DeltaDetail(index, logprobs, prompt)
 
 
 class EngineClient(abc.ABC):
@@ -110,21 +138,58 @@ class EngineClient(abc.ABC):
 
     @abc.abstractmethod
     def build_request(self, request: GenerateRequest) -> Any:
-        """The family's GenerateRequest message."""
+        """The family's GenerateRequest message. Raises EngineError kind bad_request for a
+        field the family's proto cannot carry."""
+
+    @abc.abstractmethod
+    def build_embed_request(self, request_id: str, token_ids: list[int]) -> Any:
+        """The family's EmbedRequest message."""
 
     def _kv_transfer_params(self, done: Any) -> str | None:
         """What a prefill engine's final message hands to the decode side (vLLM only)."""
         return None
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
-        """Token deltas, then exactly one GenerateFinished. Raises EngineError; a stream that
-        ends without its final message raises kind `disconnected`.
+    def _reasoning_tokens(self, done: Any) -> int:
+        """The engine's count of reasoning tokens in a final message (SGLang only)."""
+        return 0
+
+    def _finished(self, request_id: str, done: Any, generated: int) -> GenerateFinished:
+        matched = done.matched_token_id if done.HasField("matched_token_id") else None
+        return GenerateFinished(
+            request_id=request_id,
+            finish_reason=done.finish_reason or "stop",
+            prompt_tokens=done.prompt_tokens,
+            completion_tokens=generated,
+            cached_tokens=done.cached_tokens,
+            matched_token_id=matched,
+            kv_transfer_params_json=self._kv_transfer_params(done),
+            index=done.index,
+            reasoning_tokens=self._reasoning_tokens(done),
+        )
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
+        """Token deltas, then exactly one GenerateFinished per choice (n). Raises EngineError
+        (a field the family cannot carry: bad_request, at once); a stream that ends before its
+        last final message raises kind `disconnected`.
 
         Both families send delta token ids in chunks, and a streamed `complete` repeats the
-        last chunk's tokens, so its output ids count only when not streaming. Completion
-        tokens are counted here: SGLang's counts are cumulative, vLLM's per chunk."""
+        last chunk's tokens (and logprobs), so its output ids count only when not streaming.
+        Completion tokens are counted here: SGLang's counts are cumulative, vLLM's per chunk."""
+        try:
+            built = self.build_request(request)
+        except EngineError as exc:
+            exc.instance_id = self.instance_id
+            raise
+        if request.sampling.n == 1 and request.logprobs is None and request.prompt_logprobs is None:
+            return self._generate_plain(request, built)
+        return self._generate_detailed(request, built)
+
+    async def _generate_plain(
+        self, request: GenerateRequest, built: Any
+    ) -> AsyncIterator[GenerateEvent]:
+        """One choice, no logprobs: the per-token hot path."""
         request_id = request.request_id
-        call = self.stub.Generate(self.build_request(request))
+        call = self.stub.Generate(built)
         generated = 0
         try:
             async for reply in call:
@@ -135,25 +200,99 @@ class EngineClient(abc.ABC):
                         yield TokenDelta(request_id, list(ids))
                 elif reply.HasField("complete"):
                     done = reply.complete
-                    matched = done.matched_token_id if done.HasField("matched_token_id") else None
                     if not request.stream and done.output_ids:
                         generated += len(done.output_ids)
                         yield TokenDelta(request_id, list(done.output_ids))
-                    yield GenerateFinished(
-                        request_id=request_id,
-                        finish_reason=done.finish_reason or "stop",
-                        prompt_tokens=done.prompt_tokens,
-                        completion_tokens=generated,
-                        cached_tokens=done.cached_tokens,
-                        matched_token_id=matched,
-                        kv_transfer_params_json=self._kv_transfer_params(done),
-                    )
+                    yield self._finished(request_id, done, generated)
                     return
         except grpc.aio.AioRpcError as exc:
             raise self._error(exc) from exc
         finally:
             call.cancel()
         raise EngineError(errors.DISCONNECTED, "stream ended without complete", self.instance_id)
+
+    async def _generate_detailed(
+        self, request: GenerateRequest, built: Any
+    ) -> AsyncIterator[GenerateEvent]:
+        """n choices and/or logprobs: deltas carry their choice index and logprobs; prompt
+        logprobs ride on the first delta (an empty one if it comes without tokens)."""
+        request_id = request.request_id
+        choices = request.sampling.n
+        want = request.logprobs is not None
+        top = request.logprobs or 0
+        prompt_top = request.prompt_logprobs or 0
+        prompt_pending = request.prompt_logprobs is not None
+        generated = [0] * choices
+        finished = 0
+        call = self.stub.Generate(built)
+        try:
+            async for reply in call:
+                streamed = reply.HasField("chunk")
+                if not streamed and not reply.HasField("complete"):
+                    continue
+                part = reply.chunk if streamed else reply.complete
+                index = part.index
+                if not 0 <= index < choices:
+                    raise EngineError(
+                        errors.ENGINE_ERROR,
+                        f"the engine sent choice {index} of a request for {choices}",
+                        self.instance_id,
+                    )
+                prompt = None
+                if prompt_pending and part.HasField("input_logprobs"):
+                    prompt = wire.prompt_logprobs(part.input_logprobs, prompt_top)
+                    prompt_pending = False
+                ids = part.token_ids if streamed else part.output_ids
+                if not streamed and request.stream:
+                    ids = ()  # a streamed complete repeats the last chunk
+                logprobs = None
+                if want and ids:
+                    if not part.HasField("output_logprobs"):
+                        raise EngineError(
+                            errors.ENGINE_ERROR, "the engine sent no logprobs", self.instance_id
+                        )
+                    logprobs = wire.output_logprobs(part.output_logprobs, len(ids), top)
+                if ids or prompt is not None:
+                    generated[index] += len(ids)
+                    yield TokenDelta(request_id, list(ids), _detail(index, logprobs, prompt))
+                if not streamed:
+                    if prompt_pending:
+                        raise EngineError(
+                            errors.ENGINE_ERROR,
+                            "the engine sent no prompt logprobs",
+                            self.instance_id,
+                        )
+                    yield self._finished(request_id, part, generated[index])
+                    finished += 1
+                    if finished == choices:
+                        return
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc) from exc
+        finally:
+            call.cancel()
+        raise EngineError(errors.DISCONNECTED, "stream ended without complete", self.instance_id)
+
+    async def embed(
+        self, request_id: str, token_ids: list[int], timeout: float | None = None
+    ) -> Embedding:
+        """One input's embedding (the Embed RPC). Raises EngineError."""
+        try:
+            reply = await self.stub.Embed(
+                self.build_embed_request(request_id, token_ids), timeout=timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc) from exc
+        vector = array.array("f", reply.embedding)
+        dimensions = reply.embedding_dim or len(vector)
+        if dimensions != len(vector):
+            raise EngineError(
+                errors.ENGINE_ERROR,
+                f"the engine sent {len(vector)} values for embedding_dim {dimensions}",
+                self.instance_id,
+            )
+        if sys.byteorder == "big":
+            vector.byteswap()
+        return Embedding(vector.tobytes(), dimensions, reply.prompt_tokens)
 
     @abc.abstractmethod
     async def abort(self, request_id: str, timeout: float = 2.0) -> None: ...

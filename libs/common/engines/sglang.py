@@ -3,6 +3,13 @@
 Stream facts this adapter relies on: chunk token_ids are deltas, chunk counts are cumulative,
 and a `complete` follows the last chunk repeating that chunk's tokens (so its output_ids are
 ignored when streaming). Role and layout come from GetServerInfo.server_args.
+
+Request fields: SamplingParams has no seed (refused: bad_request); logit_bias keys are token
+ids as strings; the constraint oneof has regex / json_schema / ebnf_grammar / structural_tag, so
+json_object goes as the JSON schema {"type": "object"} (as the smg gateway sends it) and choice
+as a regex alternation of the escaped choices. Logprobs: one `top_logprobs_num` serves output
+and prompt (the larger of the two asked; the adapter cuts each back); prompt logprobs are
+`logprob_start_len` 0 (-1: none). `reasoning` is `require_reasoning`.
 """
 
 from __future__ import annotations
@@ -14,11 +21,14 @@ from google.protobuf import json_format
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 
+from switchyard.common.engines import wire
 from switchyard.common.engines.base import EngineClient, EngineInfo
+from switchyard.protos import messages as m
 from switchyard.protos.messages import (
     PROTOCOL_SGLANG,
     ROLE_DECODE,
     ROLE_PREFILL,
+    Constraint,
     GenerateRequest,
 )
 
@@ -39,6 +49,40 @@ def _kv_events_endpoint(config: Any, key: str = "endpoint") -> str | None:
         endpoint = config.get(key)
         return str(endpoint) if endpoint else None
     return None
+
+
+JSON_OBJECT_SCHEMA = '{"type": "object"}'
+_REGEX_SPECIALS = frozenset("\\.^$|?*+()[]{}")
+
+
+def escape_regex(text: str) -> str:
+    """`text` as a regex literal: only the characters that are special get a backslash (what
+    the engines' regex grammars and every regex dialect read alike)."""
+    return "".join("\\" + c if c in _REGEX_SPECIALS else c for c in text)
+
+
+def choice_regex(choices: list[str]) -> str:
+    return "(" + "|".join(escape_regex(c) for c in choices) + ")"
+
+
+def _constraint(params: pb.SamplingParams, constraint: Constraint) -> None:
+    kind, value = constraint.kind, constraint.value
+    if kind == m.CONSTRAINT_JSON_SCHEMA:
+        params.json_schema = value
+    elif kind == m.CONSTRAINT_JSON_OBJECT:
+        params.json_schema = JSON_OBJECT_SCHEMA
+    elif kind == m.CONSTRAINT_REGEX:
+        params.regex = value
+    elif kind == m.CONSTRAINT_EBNF:
+        params.ebnf_grammar = value
+    elif kind == m.CONSTRAINT_STRUCTURAL_TAG:
+        params.structural_tag = value
+    elif kind == m.CONSTRAINT_CHOICE:
+        if not constraint.choices:
+            raise wire.refuse("constraint", "choice needs at least one choice")
+        params.regex = choice_regex(constraint.choices)
+    else:
+        raise wire.refuse("constraint", f"unknown kind {kind!r}")
 
 
 class SglangClient(EngineClient):
@@ -70,32 +114,51 @@ class SglangClient(EngineClient):
             kv_replay_endpoint=_kv_events_endpoint(args.get("kv_events_config"), "replay_endpoint"),
             max_running_requests=int(args.get("max_running_requests") or 0),
             tokenizer_path=model.tokenizer_path,
+            is_generation=bool(model.is_generation),
         )
 
     @staticmethod
     def build_request(request: GenerateRequest) -> pb.GenerateRequest:
         s = request.sampling
+        if s.seed is not None:
+            raise wire.refuse("seed", "SGLang engines take no seed (their SamplingParams has none)")
+        if s.n < 1:
+            raise wire.refuse("n", f"must be at least 1, got {s.n}")
+        params = pb.SamplingParams(
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=wire.int32("top_k", s.top_k),  # SGLang: -1 means no top-k
+            min_p=s.min_p,
+            frequency_penalty=s.frequency_penalty,
+            presence_penalty=s.presence_penalty,
+            repetition_penalty=s.repetition_penalty,
+            max_new_tokens=wire.uint32("max_tokens", s.max_tokens),
+            min_new_tokens=wire.uint32("min_tokens", s.min_tokens),
+            stop_token_ids=wire.uint32s("stop_token_ids", s.stop_token_ids),
+            ignore_eos=s.ignore_eos,
+            skip_special_tokens=True,
+            spaces_between_special_tokens=True,
+            n=wire.uint32("n", s.n),
+        )
+        if s.logit_bias:
+            wire.uint32s("logit_bias", s.logit_bias)
+            params.logit_bias.update({str(token): bias for token, bias in s.logit_bias.items()})
+        if s.constraint is not None:
+            _constraint(params, s.constraint)
         built = pb.GenerateRequest(
             request_id=request.request_id,
             tokenized=pb.TokenizedInput(input_ids=request.token_ids),
-            sampling_params=pb.SamplingParams(
-                temperature=s.temperature,
-                top_p=s.top_p,
-                top_k=s.top_k,  # SGLang: -1 means no top-k
-                min_p=s.min_p,
-                frequency_penalty=s.frequency_penalty,
-                presence_penalty=s.presence_penalty,
-                repetition_penalty=s.repetition_penalty,
-                max_new_tokens=s.max_tokens,
-                min_new_tokens=s.min_tokens,
-                stop_token_ids=s.stop_token_ids,
-                ignore_eos=s.ignore_eos,
-                skip_special_tokens=True,
-                spaces_between_special_tokens=True,
-                n=1,
-            ),
+            sampling_params=params,
             stream=request.stream,
+            require_reasoning=request.reasoning,
         )
+        if request.logprobs is not None or request.prompt_logprobs is not None:
+            built.return_logprob = True
+            top = max(request.logprobs or 0, request.prompt_logprobs or 0)
+            built.top_logprobs_num = wire.int32("top_logprobs", top)
+            built.logprob_start_len = 0 if request.prompt_logprobs is not None else -1
+        else:
+            built.logprob_start_len = -1
         if request.disagg is not None:
             d = request.disagg
             built.disaggregated_params.CopyFrom(
@@ -106,6 +169,15 @@ class SglangClient(EngineClient):
                 )
             )
         return built
+
+    @staticmethod
+    def build_embed_request(request_id: str, token_ids: list[int]) -> pb.EmbedRequest:
+        return pb.EmbedRequest(
+            request_id=request_id, tokenized=pb.TokenizedInput(input_ids=token_ids)
+        )
+
+    def _reasoning_tokens(self, done: pb.GenerateComplete) -> int:
+        return int(done.reasoning_tokens)
 
     async def abort(self, request_id: str, timeout: float = 2.0) -> None:
         try:

@@ -49,6 +49,10 @@ class TestBuildInstance:
         instance = build_instance(A, engine, False)
         assert instance.kv_replay_endpoint == "tcp://10.0.0.1:5558"
 
+    def test_embedding_model_is_marked(self):
+        assert build_instance(A, info(), False).is_generation
+        assert not build_instance(A, info(is_generation=False), False).is_generation
+
     def test_connectable_endpoint(self):
         assert connectable_endpoint("tcp://0.0.0.0:7", "grpc://h:1") == "tcp://h:7"
         assert connectable_endpoint("tcp://[::]:7", "grpc://[::1]:1") == "tcp://[::1]:7"

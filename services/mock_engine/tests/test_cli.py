@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import signal
+from pathlib import Path
 
 import grpc
 import msgspec
@@ -37,6 +39,25 @@ class TestArguments:
     def test_bad_value_exits_with_2(self) -> None:
         assert run(self.parse("--protocol", "sglang", "--port", "70000")) == 2
         assert run(self.parse("--protocol", "sglang", "--port", "1", "--kv-skip-seq", "x")) == 2
+
+    def test_openai_surface_flags(self, tmp_path: Path) -> None:
+        script = tmp_path / "script.json"
+        script.write_text(json.dumps([{"marker": "hi", "output": "hello"}]))
+        args = self.parse(
+            "--protocol", "vllm", "--port", "1", "--embedding", "--embedding-dim", "48",
+            "--max-logprobs", "5", "--script", str(script),
+        )  # fmt: skip
+        config = config_from_args(args)
+        assert (config.embedding, config.embedding_dim, config.max_logprobs) == (True, 48, 5)
+        assert config.script is not None and config.script.match("say hi").output == "hello"  # type: ignore[union-attr]
+        defaults = config_from_args(self.parse("--protocol", "vllm", "--port", "1"))
+        assert (defaults.embedding, defaults.script) == (False, None)
+
+    def test_a_bad_script_exits_with_2(self, tmp_path: Path) -> None:
+        bad = tmp_path / "bad.json"
+        bad.write_text("not json")
+        assert run(self.parse("--protocol", "sglang", "--port", "1", "--script", str(bad))) == 2
+        assert run(self.parse("--protocol", "sglang", "--port", "1", "--embedding-dim", "0")) == 2
 
     def test_timing_and_kv_flags(self) -> None:
         args = self.parse(

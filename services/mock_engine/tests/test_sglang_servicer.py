@@ -101,11 +101,6 @@ class TestSampling:
         out = chunk_tokens(await collect(sglang, request("m2", min_new_tokens=minimum)))
         assert len(out) > minimum and EOS not in out[:minimum]
 
-    async def test_n_above_one_is_refused(self, sglang: Any) -> None:
-        with pytest.raises(grpc.aio.AioRpcError) as raised:
-            await collect(sglang, request("n>1", n=2))
-        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-
 
 class TestErrors:
     async def test_prompt_over_context(self, sglang: Any, sglang_engine: MockEngineServer) -> None:

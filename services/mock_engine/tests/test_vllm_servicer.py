@@ -105,7 +105,10 @@ class TestSampling:
         replies = await collect(vllm, req)
         assert replies[-1].complete.prompt_tokens > 0
 
-    @pytest.mark.parametrize("params", [{"max_tokens": 0}, {"n": 3}, {"temperature": -0.5}])
+    @pytest.mark.parametrize(
+        "params",
+        [{"max_tokens": 0}, {"temperature": -0.5}, {"logprobs": 21}, {"logit_bias": {10**7: 1.0}}],
+    )
     async def test_bad_sampling_is_invalid_argument(
         self, vllm: Any, params: dict[str, Any]
     ) -> None:
