@@ -19,7 +19,6 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .errors import INVALID_VALUE, InvalidRequestError, TokenizerLoadError
-from .openai_requests import ChatMessage
 
 DEFAULT_TEMPLATE_NAME = "deepseek_v3.jinja"
 PART_SEPARATOR = "\n"
@@ -108,7 +107,7 @@ class ChatTemplate:
 
     def render(
         self,
-        messages: Sequence[ChatMessage | Mapping[str, Any]],
+        messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
         **extra: Any,
     ) -> str:
@@ -132,16 +131,9 @@ class ChatTemplate:
         return self._now().strftime(fmt)
 
 
-def _normalise(message: ChatMessage | Mapping[str, Any]) -> dict[str, Any]:
-    if isinstance(message, ChatMessage):
-        out: dict[str, Any] = {"role": message.role, "content": _text(message.content)}
-        if message.name is not None:
-            out["name"] = message.name
-        if message.tool_call_id is not None:
-            out["tool_call_id"] = message.tool_call_id
-    else:
-        out = dict(message)
-        out["content"] = _text(out.get("content"))
+def _normalise(message: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(message)
+    out["content"] = _text(out.get("content"))
     if out.get("role") == "developer":
         out["role"] = "system"
     return out
