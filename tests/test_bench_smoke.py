@@ -79,3 +79,16 @@ def test_hotspots_cpu_only_tiny(tmp_path: Path) -> None:
     assert "24 requests at concurrency 4" in done.stdout
     assert "CPU seconds per 1000 requests: stack" in done.stdout
     assert "preprocessor threads:" in done.stdout
+
+
+def test_stages_bench_quick(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    run_bench("stages.py", "--quick", "--out-dir", str(out))
+    table = (out / "stages.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith(("| streamed", "| whole"))]
+    assert len(rows) == 2
+    for row in rows:
+        cells = row.strip("|").split("|")
+        parse, template, tokenize = (float(c) for c in cells[1:4])
+        assert parse > 0 and template > 0 and tokenize > 0, row  # the stages were timed
+    assert "| cached segments |" in table and "| full encode |" in table
