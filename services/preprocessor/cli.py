@@ -72,6 +72,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="larger generation requests get 413 (default 32 MiB)",
     )
     parser.add_argument(
+        "--keep-alive-timeout",
+        type=float,
+        default=75.0,
+        help="seconds an idle client connection is kept open (default 75, as nginx): longer "
+        "than clients' own pool expiry (httpx: 5 s), so the client closes first and never "
+        "sends a request on a connection the server is closing (ECONNRESET)",
+    )
+    parser.add_argument(
         "--reuse-port",
         action="store_true",
         help="bind with SO_REUSEPORT, so several preprocessor processes share --port "
@@ -125,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
             log_level="warning",
             access_log=False,
             log_config=None,
+            timeout_keep_alive=args.keep_alive_timeout,
         )
     )
     sockets = [_reuse_port_socket(args.host, args.port)] if args.reuse_port else None
