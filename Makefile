@@ -41,6 +41,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/parsers.py
 	$(BIN)/python bench/route_decision.py
 	$(BIN)/python bench/load.py --with-smg
+	$(BIN)/python bench/gateways.py
+	$(BIN)/python bench/stages.py
 	$(BIN)/python bench/long_prompts.py
 	$(BIN)/python bench/faults.py
 	$(BIN)/python bench/disagg.py

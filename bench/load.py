@@ -453,7 +453,8 @@ def header(args: argparse.Namespace, plan: Plan) -> list[str]:
         "",
         f"{args.engines} SGLang-protocol mock engines (TTFT {args.ttft_ms:g} ms + prefill, ITL "
         f"{args.itl_ms:g} ms, default batch slowdown), started once and shared by every target. "
-        f"Each request: a streamed chat completion, {args.prompt_words}-word prompt unique to "
+        f"Each request: a {'non-streamed' if args.no_stream else 'streamed'} chat completion, "
+        f"{args.prompt_words}-word prompt unique to "
         f"its target and phase (nothing cached across targets), {args.max_tokens} output tokens "
         f"(ignore_eos, temperature 0). Closed loop at concurrency 1 ({plan.c1} requests), 32 "
         f"({plan.c32}) and 128 ({plan.c128}); open loop, Poisson {plan.rate:g}/s "
@@ -484,6 +485,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ttft-ms", type=float, default=20.0)
     parser.add_argument("--itl-ms", type=float, default=5.0)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument(
+        "--no-stream", action="store_true", help="non-streamed requests (TTFT is then E2E)"
+    )
     parser.add_argument("--prompt-words", type=int, default=48)
     parser.add_argument("--requests-scale", type=float, default=1.0, help="scale request counts")
     parser.add_argument("--rate", type=float, default=None, help="open-loop requests/s")
@@ -524,7 +528,10 @@ def measure(
         asyncio.run(run_target(target, code, result, meter, plan, args, progress))
 
     if result.key == FLOOR:
-        run(GrpcFloor(result.title, engines.urls, args.max_tokens, engines.encode), [])
+        floor = GrpcFloor(
+            result.title, engines.urls, args.max_tokens, engines.encode, stream=not args.no_stream
+        )
+        run(floor, [])
     elif result.key == SMG:
         exe = ensure_smg(args.smg_venv, args.smg_spec, progress)
         result.what += f" ({_smg_version(exe)})"
@@ -533,11 +540,15 @@ def measure(
             args.smg_arg,
         )  # fmt: skip
         with gateway as (url, proc):
-            run(HttpTarget(result.title, url, MODEL, args.max_tokens), [proc.pid])
+            run(http_target(result.title, url, args), [proc.pid])
     else:
         mode = result.key.removeprefix("switchyard-")
         with switchyard_stack(procs, result.key, engines.kv_urls, mode) as (url, proc):
-            run(HttpTarget(result.title, url, MODEL, args.max_tokens), [proc.pid])
+            run(http_target(result.title, url, args), [proc.pid])
+
+
+def http_target(title: str, url: str, args: argparse.Namespace) -> HttpTarget:
+    return HttpTarget(title, url, MODEL, args.max_tokens, stream=not args.no_stream)
 
 
 def plan_of(args: argparse.Namespace) -> Plan:

@@ -1,10 +1,11 @@
 """The load generator: targets (an OpenAI HTTP endpoint, or engines straight over gRPC),
 closed-loop (fixed concurrency) and open-loop (Poisson arrivals) drivers, per-request samples.
 
-Every request streams. TTFT is the time to the first content token (HTTP: the first SSE chunk
-whose delta has content; gRPC: the first token delta); ITL is the mean gap between a request's
-output tokens after the first, (last token - first token) / (tokens - 1); E2E runs to the end
-of the stream.
+Requests stream unless the target is made with `stream=False`. TTFT is the time to the first
+content token (HTTP: the first SSE chunk whose delta has content; gRPC: the first token delta);
+ITL is the mean gap between a request's output tokens after the first, (last token - first
+token) / (tokens - 1); E2E runs to the end of the stream. A non-streamed request has no token
+timings: its TTFT is its E2E, and it has no ITL.
 """
 
 from __future__ import annotations
@@ -67,9 +68,11 @@ class Sample:
     last: float = 0.0  # time of the last token, from the start
     error: str = ""
 
+    streamed: bool = True
+
     @property
     def itl(self) -> float | None:
-        if self.tokens < 2:
+        if self.tokens < 2 or not self.streamed:
             return None
         return (self.last - self.ttft) / (self.tokens - 1)
 
@@ -97,12 +100,21 @@ class HttpTarget(Target):
     connection pool costs CPU in proportion to its open connections on every request, which
     made the client itself the bottleneck at concurrency 128."""
 
-    def __init__(self, name: str, base: str, model: str, max_tokens: int, lanes: int = 16) -> None:
+    def __init__(
+        self,
+        name: str,
+        base: str,
+        model: str,
+        max_tokens: int,
+        lanes: int = 16,
+        stream: bool = True,
+    ) -> None:
         self.name = name
         self.base = base
         self.model = model
         self.max_tokens = max_tokens
         self.lanes = lanes
+        self.stream = stream
         self.clients: list[httpx.AsyncClient] = []
 
     async def open(self) -> None:
@@ -128,9 +140,11 @@ class HttpTarget(Target):
             "max_tokens": self.max_tokens,
             "temperature": 0,
             "ignore_eos": True,
-            "stream": True,
-            "stream_options": {"include_usage": True},
         }
+        if not self.stream:
+            return await self._whole(http, body)
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
         start = time.perf_counter()
         first = last = 0.0
         chunks = 0
@@ -161,6 +175,18 @@ class HttpTarget(Target):
         tokens = usage_tokens if usage_tokens else chunks
         return Sample(ok=True, ttft=first, e2e=end, tokens=tokens, last=last)
 
+    async def _whole(self, http: httpx.AsyncClient, body: dict) -> Sample:
+        start = time.perf_counter()
+        try:
+            reply = await http.post("/v1/chat/completions", json=body)
+        except (httpx.HTTPError, OSError) as exc:
+            return Sample(ok=False, error=f"{type(exc).__name__}: {exc}"[:200])
+        end = time.perf_counter() - start
+        if reply.status_code != 200:
+            return Sample(ok=False, error=f"HTTP {reply.status_code}: {reply.text[:200]}")
+        tokens = orjson.loads(reply.content)["usage"]["completion_tokens"]
+        return Sample(ok=True, ttft=end, e2e=end, tokens=tokens, last=end, streamed=False)
+
 
 class GrpcFloor(Target):
     """The floor: the same requests straight to the engines over gRPC (no frontend), spread
@@ -168,9 +194,15 @@ class GrpcFloor(Target):
     template."""
 
     def __init__(
-        self, name: str, urls: Sequence[str], max_tokens: int, encode: Callable[[Prompt], list[int]]
+        self,
+        name: str,
+        urls: Sequence[str],
+        max_tokens: int,
+        encode: Callable[[Prompt], list[int]],
+        stream: bool = True,
     ) -> None:
         self.name = name
+        self.stream = stream
         self.urls = list(urls)
         self.sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         self.encode = encode
@@ -196,6 +228,7 @@ class GrpcFloor(Target):
             instance_id=0,
             token_ids=prompt.token_ids,
             sampling=self.sampling,
+            stream=self.stream,
         )
         start = time.perf_counter()
         first = last = 0.0
@@ -215,6 +248,8 @@ class GrpcFloor(Target):
         end = time.perf_counter() - start
         if not finished or not tokens:
             return Sample(ok=False, error="stream ended without tokens or a final message")
+        if not self.stream:
+            return Sample(ok=True, ttft=end, e2e=end, tokens=tokens, last=end, streamed=False)
         return Sample(ok=True, ttft=first, e2e=end, tokens=tokens, last=last)
 
 

@@ -94,3 +94,16 @@ def test_token_delta_codec_tiny() -> None:
     done = run_bench("token_delta.py", "--batch", "4", "--rounds", "50")
     for row in ("| before |", "| no logprobs |", "| logprobs, top 0 |", "| logprobs, top 5 |"):
         assert row in done.stdout, done.stdout
+
+
+def test_stages_bench_quick(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    run_bench("stages.py", "--quick", "--out-dir", str(out))
+    table = (out / "stages.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith(("| streamed", "| whole"))]
+    assert len(rows) == 2
+    for row in rows:
+        cells = row.strip("|").split("|")
+        parse, template, tokenize = (float(c) for c in cells[1:4])
+        assert parse > 0 and template > 0 and tokenize > 0, row  # the stages were timed
+    assert "| cached segments |" in table and "| full encode |" in table

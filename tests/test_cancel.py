@@ -48,3 +48,32 @@ def test_disconnect_aborts_the_engine_request(slow_stack):
     while asyncio.run(running_requests(url)) != 0:
         assert time.monotonic() < deadline, "the engine still runs the abandoned request"
         time.sleep(0.1)
+
+
+def test_disconnect_from_a_non_streaming_request_aborts_it_too(slow_stack):
+    """Regression test for issue 14: a client that left a non-streaming request kept its
+    engine request running to the end (0 of 8 aborted)."""
+    [url] = slow_stack.engine_urls()
+    body = {
+        "model": "deepseek-mock",
+        "prompt": "a long story",
+        "max_tokens": 2000,
+        "ignore_eos": True,
+    }
+
+    async def leave_early() -> None:
+        async with httpx.AsyncClient(base_url=slow_stack.base_url, timeout=30) as http:
+            request = asyncio.create_task(http.post("/v1/completions", json=body))
+            deadline = time.monotonic() + 10
+            while await running_requests(url) != 1:
+                assert time.monotonic() < deadline, "the request never reached the engine"
+                await asyncio.sleep(0.05)
+            request.cancel()  # closes the connection before any answer
+            with pytest.raises(asyncio.CancelledError):
+                await request
+
+    asyncio.run(leave_early())
+    deadline = time.monotonic() + 10
+    while asyncio.run(running_requests(url)) != 0:
+        assert time.monotonic() < deadline, "the engine still runs the abandoned request"
+        time.sleep(0.1)

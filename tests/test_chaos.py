@@ -96,6 +96,8 @@ def chaos_stack(
             str(http),
             "--stream-idle-timeout",
             str(idle_timeout),
+            "--stream-gap-timeout",
+            str(idle_timeout),
             "--route-timeout",
             "1",
             *fleet_flags,
@@ -281,7 +283,7 @@ def test_hung_engine_streams_migrate_after_the_idle_timeout():
         got = asyncio.run(run_streams(stack.base))
         check_identical(expected, got)
         log = stack.procs.log("preprocessor")
-        assert "kind=disconnected after 5 tokens: no reply for 2s" in log
+        assert "kind=disconnected after 5 tokens: no reply for 2s between tokens" in log
 
 
 def test_overloaded_engine_is_avoided():

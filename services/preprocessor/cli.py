@@ -11,7 +11,7 @@ from switchyard.common import endpoints
 from switchyard.common.logs import setup_logging
 from switchyard.common.metrics import add_metrics_arguments, serve_metrics
 from switchyard.preprocessor.app import create_app
-from switchyard.preprocessor.fast_path import FastPath
+from switchyard.preprocessor.edge import Edge
 from switchyard.preprocessor.state import PreprocessorConfig, PreprocessorState
 from switchyard.preprocessor.tokenizer import OFFLOAD_CHARS, TOKENIZER_FILE
 from switchyard.preprocessor.tokenizer_source import parse_tokenizer_flags
@@ -47,7 +47,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--stream-idle-timeout",
         type=float,
         default=60.0,
-        help="seconds without a reply after which a stream counts as failed",
+        help="seconds an engine may take to its first reply (a long prefill) before the "
+        "attempt counts as failed and migrates (default 60)",
+    )
+    parser.add_argument(
+        "--stream-gap-timeout",
+        type=float,
+        default=10.0,
+        help="seconds without a reply between tokens after which the attempt counts as "
+        "failed and migrates: a frozen engine (default 10)",
     )
     parser.add_argument("--migration-limit", type=int, default=3)
     parser.add_argument(
@@ -64,10 +72,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="larger generation requests get 413 (default 32 MiB)",
     )
     parser.add_argument(
+        "--keep-alive-timeout",
+        type=float,
+        default=75.0,
+        help="seconds an idle client connection is kept open (default 75, as nginx): longer "
+        "than clients' own pool expiry (httpx: 5 s), so the client closes first and never "
+        "sends a request on a connection the server is closing (ECONNRESET)",
+    )
+    parser.add_argument(
         "--reuse-port",
         action="store_true",
         help="bind with SO_REUSEPORT, so several preprocessor processes share --port "
         "(the kernel spreads connections over them); listens once ready (at most 60 s on)",
+    )
+    parser.add_argument(
+        "--stage-timing",
+        action="store_true",
+        help="benchmark mode: time every request stage into "
+        "switchyard_preprocessor_stage_seconds{stage}",
     )
     add_metrics_arguments(parser)  # /metrics is also served on the HTTP port
     parser.add_argument("--log-level", default="INFO")
@@ -91,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
         tokenizer_dirs=per_model,
         route_timeout=args.route_timeout,
         stream_idle_timeout=args.stream_idle_timeout,
+        stream_gap_timeout=args.stream_gap_timeout,
+        stage_timing=args.stage_timing,
         migration_limit=args.migration_limit,
         tokenize_offload_chars=args.tokenize_offload_chars,
         # Sharing the port: listen once ready, so the kernel picks only ready processes.
@@ -98,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     )
     state = PreprocessorState(config)
     serve_metrics(state.metrics.registry, args.metrics_host, args.metrics_port)
-    app = FastPath(create_app(state), state, args.max_body_bytes)
+    app = Edge(create_app(state), state.deps, args.max_body_bytes)
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -109,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
             log_level="warning",
             access_log=False,
             log_config=None,
+            timeout_keep_alive=args.keep_alive_timeout,
         )
     )
     sockets = [_reuse_port_socket(args.host, args.port)] if args.reuse_port else None

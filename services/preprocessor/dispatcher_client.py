@@ -9,12 +9,12 @@ replica instead of waiting for the idle timeout.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from typing import Any
 
 from switchyard.common import errors
 from switchyard.common.messaging import DealerClient
+from switchyard.preprocessor.reply_queue import ReplyQueue
 from switchyard.protos import codec
 from switchyard.protos.messages import CancelRequest, GenerateFailed, GenerateRequest
 
@@ -53,14 +53,21 @@ class _Replica(DealerClient):
 
 
 class GenerationStream:
-    """Replies of one generation: TokenDelta..., then GenerateFinished or GenerateFailed."""
+    """Replies of one generation: TokenDelta..., then GenerateFinished or GenerateFailed, put
+    in `queue` (its own, or one the caller shares between several generations)."""
 
-    def __init__(self, client: DispatcherClient, replica: _Replica, request: GenerateRequest):
+    def __init__(
+        self,
+        client: DispatcherClient,
+        replica: _Replica,
+        request: GenerateRequest,
+        queue: ReplyQueue | None = None,
+    ):
         self._client = client
         self._replica = replica
         self.request_id = request.request_id
         self.instance_id = request.instance_id
-        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.queue = queue if queue is not None else ReplyQueue()
         self._open = True
 
     async def cancel(self) -> None:
@@ -98,9 +105,11 @@ class DispatcherClient:
                 return replica
         raise NoDispatcher("no dispatcher is connected")
 
-    async def open(self, request: GenerateRequest) -> GenerationStream:
+    async def open(
+        self, request: GenerateRequest, queue: ReplyQueue | None = None
+    ) -> GenerationStream:
         replica = self._pick()
-        stream = GenerationStream(self, replica, request)
+        stream = GenerationStream(self, replica, request, queue)
         self.streams[request.request_id] = stream
         replica.streams.add(request.request_id)
         replica.send_now(request)

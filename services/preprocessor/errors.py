@@ -3,9 +3,11 @@
     Exception
      +-- RequestError(status, message, type, code, param)   becomes an HTTP error at the edge
      |    +-- InvalidRequestError        400  invalid_request_error
-     |    |     codes: invalid_json, missing_field, invalid_value, context_length_exceeded
+     |    |     codes: invalid_json, missing_field, invalid_type, invalid_value,
+     |    |            unknown_field, context_length_exceeded
      |    +-- ModelNotFoundError         404  not_found_error       code model_not_found
      |    +-- ServiceUnavailableError    503  service_unavailable   code no_engine_available
+     +-- NoWorker(reason, model)              no engine can take the request (router's reason)
      +-- TokenizerLoadError                   a tokenizer folder or zip could not be loaded
 
 `code` is a stable string clients may branch on; `message` is for humans.
@@ -13,7 +15,14 @@
 
 from __future__ import annotations
 
+import logging
+
 import orjson
+
+from switchyard.common import errors as kinds
+from switchyard.common.errors import EngineError
+
+log = logging.getLogger(__name__)
 
 INVALID_REQUEST = "invalid_request_error"
 NOT_FOUND = "not_found_error"
@@ -21,7 +30,9 @@ SERVICE_UNAVAILABLE = "service_unavailable"
 
 INVALID_JSON = "invalid_json"
 MISSING_FIELD = "missing_field"
+INVALID_TYPE = "invalid_type"
 INVALID_VALUE = "invalid_value"
+UNKNOWN_FIELD = "unknown_field"
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 MODEL_NOT_FOUND = "model_not_found"
 NO_ENGINE_AVAILABLE = "no_engine_available"
@@ -72,5 +83,45 @@ class ServiceUnavailableError(RequestError):
         super().__init__(503, message, SERVICE_UNAVAILABLE, code)
 
 
+class NoWorker(Exception):
+    """No instance can take the request: `reason` is the router's error code."""
+
+    def __init__(self, reason: str, message: str, model: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.model = model
+
+
 class TokenizerLoadError(Exception):
     """A tokenizer folder or zip is missing files, malformed, or unsafe to unpack."""
+
+
+def as_request_error(exc: BaseException) -> RequestError:
+    """Any failure of a request -> the client-facing error (logged when unexpected)."""
+    if isinstance(exc, RequestError):
+        return exc
+    if isinstance(exc, NoWorker):
+        if exc.reason == "unknown_model":
+            return ModelNotFoundError(exc.model)
+        if exc.reason == "all_busy":
+            return ServiceUnavailableError(
+                f"Every engine serving {exc.model!r} is overloaded; retry later.", "overloaded"
+            )
+        return ServiceUnavailableError(str(exc))
+    if isinstance(exc, EngineError):
+        if exc.kind == kinds.BAD_REQUEST:
+            return RequestError(
+                400,
+                f"The engine rejected the request: {exc.message}",
+                INVALID_REQUEST,
+                "engine_rejected",
+            )
+        if exc.kind in kinds.MIGRATABLE:
+            return ServiceUnavailableError(
+                f"No engine could serve the request: {exc.message}", "engine_unavailable"
+            )
+        return RequestError(
+            500, f"The engine failed: {exc.message}", "server_error", "engine_error"
+        )
+    log.exception("unexpected failure", exc_info=exc)
+    return RequestError(500, "Internal error", "server_error", "internal_error")

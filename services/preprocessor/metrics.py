@@ -1,21 +1,20 @@
-"""The preprocessor's Prometheus metrics, served on its own HTTP port at GET /metrics.
+"""The preprocessor's Prometheus metrics, served on its HTTP port at GET /metrics.
 
-Observed per token-delta message (not per token) and per request; nothing here allocates per
-token beyond prometheus-client's own bookkeeping.
+Latency histograms are LoopHistograms (no lock per observation): the inter-token latency is
+observed per token-delta batch on the per-token path; everything else once per request, in
+the `finish` stage. `stage_seconds` is filled only with --stage-timing (a benchmark mode).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import AsyncIterator
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
-from switchyard.protos.messages import GenerateFinished, TokenDelta
+from switchyard.common.loop_histogram import LoopHistogram
 
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
 _DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_STAGE_BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1)
 
 
 class PreprocessorMetrics:
@@ -27,22 +26,22 @@ class PreprocessorMetrics:
             ["endpoint", "status"],
             registry=r,
         )
-        self.ttft = Histogram(
+        self.ttft = LoopHistogram(
             "switchyard_preprocessor_time_to_first_token_seconds",
             "time from request to first token",
-            buckets=_TTFT_BUCKETS,
+            _TTFT_BUCKETS,
             registry=r,
         )
-        self.itl = Histogram(
+        self.itl = LoopHistogram(
             "switchyard_preprocessor_inter_token_latency_seconds",
             "time between token deltas",
-            buckets=_ITL_BUCKETS,
+            _ITL_BUCKETS,
             registry=r,
         )
-        self.duration = Histogram(
+        self.duration = LoopHistogram(
             "switchyard_preprocessor_request_duration_seconds",
             "time from request to last token",
-            buckets=_DURATION_BUCKETS,
+            _DURATION_BUCKETS,
             registry=r,
         )
         self.input_tokens = Counter(
@@ -70,29 +69,10 @@ class PreprocessorMetrics:
         self.active = Gauge(
             "switchyard_preprocessor_active_requests", "requests being generated", registry=r
         )
-
-    async def observe(
-        self, tokens: AsyncIterator[TokenDelta | GenerateFinished], started: float
-    ) -> AsyncIterator[TokenDelta | GenerateFinished]:
-        """Pass a pipeline stream through, timing it (`started`: time.perf_counter())."""
-        now = time.perf_counter
-        last = None
-        self.active.inc()
-        try:
-            async for item in tokens:
-                t = now()
-                if type(item) is TokenDelta:
-                    if last is None:
-                        self.ttft.observe(t - started)
-                    else:
-                        self.itl.observe(t - last)
-                    last = t
-                elif type(item) is GenerateFinished:
-                    self.duration.observe(t - started)
-                    self.input_tokens.inc(item.prompt_tokens)
-                    self.output_tokens.inc(item.completion_tokens)
-                    self.cached_tokens.inc(item.cached_tokens)
-                yield item
-        finally:
-            self.active.dec()
-            await tokens.aclose()  # type: ignore[attr-defined]
+        self.stage_seconds = LoopHistogram(
+            "switchyard_preprocessor_stage_seconds",
+            "time spent in each request stage on the event loop (--stage-timing only)",
+            _STAGE_BUCKETS,
+            ["stage"],
+            registry=r,
+        )

@@ -1,7 +1,8 @@
 """The prefill hop of disaggregated serving: one request, two engines.
 
-`open_hop` returns a `HopStream` that the pipeline reads like a dispatcher stream (token
-deltas, then one GenerateFinished or GenerateFailed), carrying only the decode leg's output.
+`open_hop` starts the hop and returns a `HopStream`; the decode leg's replies (token deltas,
+then one GenerateFinished or GenerateFailed) go straight into the request's reply queue, as a
+plain dispatch's do, and so do the hop's own failures.
 
 - SGLang: a random `bootstrap_room`, `bootstrap_host` = the prefill engine's host and
   `bootstrap_port` = its bootstrap port; the same DisaggregatedParams go to the prefill and the
@@ -10,10 +11,11 @@ deltas, then one GenerateFinished or GenerateFailed), carrying only the decode l
 - vLLM: sequential. The prefill leg (max_tokens 1, no streaming, do_remote_decode) must finish
   with kv_transfer_params_json; the decode leg carries that JSON unchanged.
 
-A failure of the hop before the decode leg's first token (a prefill leg failing, a decode leg
-whose KV transfer failed, a silent leg) is reported as a migratable GenerateFailed naming the
-prefill instance, so the pipeline re-routes without it; other decode-leg failures pass as they
-are. Every wait is bounded by the pipeline's idle timeout.
+A failure of the hop before the decode leg's first token (a prefill leg failing or silent, a
+decode leg whose KV transfer failed: see `HopStream.blame`) is reported as a migratable
+GenerateFailed naming the prefill instance, so the generation re-routes without it; other
+decode-leg failures pass as they are. Every wait is bounded by the idle timeout; an unexpected
+exception in a hop task fails the hop (never a silent task death).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import msgspec
 
 from switchyard.common import errors
 from switchyard.preprocessor.dispatcher_client import GenerationStream
+from switchyard.preprocessor.reply_queue import ReplyQueue
 from switchyard.protos.messages import (
     PROTOCOL_SGLANG,
     PROTOCOL_VLLM,
@@ -57,7 +60,8 @@ VLLM_PREFILL_PARAMS = json.dumps(
 PREFILL_SUFFIX = ".p"
 _ROOM_MAX = 2**31 - 1  # the proto's bootstrap_room is an int32
 
-Opener = Callable[[GenerateRequest], Awaitable[GenerationStream]]
+# Opens a dispatcher stream: into the given queue, or into one of its own (None).
+Opener = Callable[[GenerateRequest, ReplyQueue | None], Awaitable[GenerationStream]]
 
 # Background prefill drains keep a reference here until they end.
 _background: set[asyncio.Task[None]] = set()
@@ -87,23 +91,37 @@ def _transfer_failure(reply: GenerateFailed) -> bool:
 
 
 class HopStream:
-    """The decode leg's replies in `queue`; `cancel` stops both legs."""
+    """The hop of one attempt: `queue` is the request's reply queue; `cancel` stops both legs.
 
-    def __init__(self, request: GenerateRequest, prefill: Instance, idle_timeout: float) -> None:
+    The generation sets `started` once the decode leg produced a token: from then on the
+    prefill side can no longer fail the request."""
+
+    def __init__(
+        self,
+        request: GenerateRequest,
+        prefill: Instance,
+        idle_timeout: float,
+        queue: ReplyQueue,
+    ) -> None:
         self.request = request
         self.prefill = prefill
         self.idle_timeout = idle_timeout
-        self.queue: asyncio.Queue[Any] = asyncio.Queue()
-        self.started = False  # the decode leg produced a token
-        self.done = False  # a final message is in the queue
+        self.queue = queue
+        self.started = False
+        self.done = False  # the hop reported its own final message
         self._legs: list[GenerationStream] = []
         self._tasks: list[asyncio.Task[None]] = []
 
-    def _fail(self, kind: str, message: str) -> None:
-        """The hop failed before the decode leg's first token: blame the prefill instance."""
-        if self.done:
-            return
-        self.done = True
+    def blame(self, reply: GenerateFailed) -> GenerateFailed:
+        """A decode-leg failure before its first token that means the KV never arrived counts
+        against the prefill instance (and migrates); any other passes as it is."""
+        if self.started or reply.instance_id == self.prefill.instance_id:
+            return reply
+        if not _transfer_failure(reply):
+            return reply
+        return self._failure(reply.kind, f"decode leg: {reply.message}")
+
+    def _failure(self, kind: str, message: str) -> GenerateFailed:
         log.warning(
             "prefill hop failed request_id=%s prefill_instance_id=%d: %s",
             self.request.request_id,
@@ -112,29 +130,19 @@ class HopStream:
         )
         if kind not in errors.MIGRATABLE:
             kind = errors.DISCONNECTED
-        self.queue.put_nowait(
-            GenerateFailed(
-                request_id=self.request.request_id,
-                instance_id=self.prefill.instance_id,
-                kind=kind,
-                message=f"prefill hop via instance {self.prefill.instance_id}: {message}",
-            )
+        return GenerateFailed(
+            request_id=self.request.request_id,
+            instance_id=self.prefill.instance_id,
+            kind=kind,
+            message=f"prefill hop via instance {self.prefill.instance_id}: {message}",
         )
 
-    async def _forward(self, leg: GenerationStream) -> None:
-        """Copy the decode leg to `queue`, rewriting a failed KV transfer into a hop failure."""
-        while True:
-            reply = await leg.queue.get()
-            if type(reply) is TokenDelta:
-                self.started = True
-                self.queue.put_nowait(reply)
-                continue
-            if type(reply) is GenerateFailed and not self.started and _transfer_failure(reply):
-                self._fail(reply.kind, f"decode leg: {reply.message}")
-            elif not self.done:
-                self.done = True
-                self.queue.put_nowait(reply)
+    def _fail(self, kind: str, message: str) -> None:
+        """The hop failed before the decode leg's first token: blame the prefill instance."""
+        if self.done or self.started:
             return
+        self.done = True
+        self.queue.put_nowait(self._failure(kind, message))
 
     async def _next(self, leg: GenerationStream) -> Any:
         try:
@@ -144,7 +152,16 @@ class HopStream:
             return None
 
     def _spawn(self, coro: Any) -> None:
-        self._tasks.append(asyncio.create_task(coro))
+        self._tasks.append(asyncio.create_task(self._guarded(coro)))
+
+    async def _guarded(self, coro: Any) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug or a lost dispatcher: fail the hop, never hang
+            log.exception("prefill hop task failed request_id=%s", self.request.request_id)
+            self._fail(errors.DISCONNECTED, f"{type(exc).__name__}: {exc}")
 
     async def cancel(self) -> None:
         for task in self._tasks:
@@ -174,15 +191,14 @@ class _SglangHop(HopStream):
             disagg=params,
         )
         decode_req = msgspec.structs.replace(base, instance_id=decode.instance_id, disagg=params)
-        prefill_leg = await open_stream(prefill_req)
+        prefill_leg = await open_stream(prefill_req, None)
         try:
-            decode_leg = await open_stream(decode_req)
+            decode_leg = await open_stream(decode_req, self.queue)
         except BaseException:
             await prefill_leg.cancel()
             raise
         self._legs = [decode_leg, prefill_leg]
-        self._spawn(self._forward(decode_leg))
-        drain = asyncio.create_task(self._drain(prefill_leg, decode_leg))
+        drain = asyncio.create_task(self._guarded(self._drain(prefill_leg, decode_leg)))
         _background.add(drain)
         drain.add_done_callback(_background.discard)
 
@@ -215,14 +231,6 @@ class _VllmHop(HopStream):
         self._spawn(self._run(open_stream, decode))
 
     async def _run(self, open_stream: Opener, decode: Instance) -> None:
-        try:
-            await self._legs_in_turn(open_stream, decode)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # e.g. no dispatcher: fail the hop, never hang
-            self._fail(errors.DISCONNECTED, f"{type(exc).__name__}: {exc}")
-
-    async def _legs_in_turn(self, open_stream: Opener, decode: Instance) -> None:
         base = self.request
         prefill_req = msgspec.structs.replace(
             base,
@@ -232,7 +240,7 @@ class _VllmHop(HopStream):
             stream=False,
             kv_transfer_params_json=VLLM_PREFILL_PARAMS,
         )
-        leg = await open_stream(prefill_req)
+        leg = await open_stream(prefill_req, None)
         self._legs = [leg]
         params: str | None = None
         deltas: list[TokenDelta] = []
@@ -256,7 +264,7 @@ class _VllmHop(HopStream):
             if reply.finish_reason == "stop":
                 # The first token ended the request (EOS / stop token): no KV is handed over
                 # (vLLM hands over length-capped prefills only) and the answer is complete.
-                self.started = self.done = True
+                self.done = True
                 for delta in deltas:
                     self.queue.put_nowait(
                         msgspec.structs.replace(delta, request_id=base.request_id)
@@ -268,9 +276,7 @@ class _VllmHop(HopStream):
         decode_req = msgspec.structs.replace(
             base, instance_id=decode.instance_id, kv_transfer_params_json=params
         )
-        decode_leg = await open_stream(decode_req)
-        self._legs = [decode_leg]
-        await self._forward(decode_leg)
+        self._legs = [await open_stream(decode_req, self.queue)]
 
 
 async def open_hop(
@@ -279,12 +285,13 @@ async def open_hop(
     prefill: Instance,
     decode: Instance,
     idle_timeout: float,
+    queue: ReplyQueue,
 ) -> HopStream:
-    """Start the hop for `request` (addressed to the decode instance)."""
+    """Start the hop for `request` (addressed to the decode instance); replies go to `queue`."""
     hop: _SglangHop | _VllmHop
     if prefill.protocol == PROTOCOL_SGLANG:
-        hop = _SglangHop(request, prefill, idle_timeout)
+        hop = _SglangHop(request, prefill, idle_timeout, queue)
     else:
-        hop = _VllmHop(request, prefill, idle_timeout)
+        hop = _VllmHop(request, prefill, idle_timeout, queue)
     await hop.start(open_stream, decode)
     return hop

@@ -54,23 +54,40 @@ class ChatStream:
 
     def __init__(self, completion_id: str, model: str, created: int) -> None:
         self._head = b"data: " + _head(completion_id, "chat.completion.chunk", created, model)
-        self._content_pre = self._head + b',"choices":[{"index":0,"delta":{"content":'
-        self._finish_pre = self._head + b',"choices":[{"index":0,"delta":{},"logprobs":null,'
+        self._content_pre = [self._choice(0) + b'"delta":{"content":']
+        self._finish_pre = [self._choice(0) + b'"delta":{},"logprobs":null,']
 
-    def first(self) -> bytes:
-        """The opening chunk: role "assistant", empty content."""
-        return self._head + (
-            b',"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
-            b'"logprobs":null,"finish_reason":null}]}\n\n'
+    def _choice(self, index: int) -> bytes:
+        return self._head + b',"choices":[{"index":' + str(index).encode() + b","
+
+    def _grow(self, index: int) -> None:
+        while len(self._content_pre) <= index:
+            i = len(self._content_pre)
+            self._content_pre.append(self._choice(i) + b'"delta":{"content":')
+            self._finish_pre.append(self._choice(i) + b'"delta":{},"logprobs":null,')
+
+    def first(self, index: int = 0) -> bytes:
+        """The opening chunk of a choice: role "assistant", empty content."""
+        return self._choice(index) + (
+            b'"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
         )
 
-    def delta(self, text: str) -> bytes:
-        return self._content_pre + orjson.dumps(text) + self._CONTENT_POST
+    def delta(self, text: str, index: int = 0) -> bytes:
+        if index >= len(self._content_pre):
+            self._grow(index)
+        return self._content_pre[index] + orjson.dumps(text) + self._CONTENT_POST
 
-    def finish(self, finish_reason: str) -> bytes:
-        """The last choice chunk: empty delta and the finish reason ("stop", "length")."""
+    def finish(self, finish_reason: str, index: int = 0) -> bytes:
+        """The last chunk of a choice: empty delta and the finish reason ("stop", "length")."""
+        if index >= len(self._finish_pre):
+            self._grow(index)
         return b"".join(
-            (self._finish_pre, b'"finish_reason":', orjson.dumps(finish_reason), self._FINISH_POST)
+            (
+                self._finish_pre[index],
+                b'"finish_reason":',
+                orjson.dumps(finish_reason),
+                self._FINISH_POST,
+            )
         )
 
     def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> bytes:
@@ -88,14 +105,24 @@ class CompletionStream:
 
     def __init__(self, completion_id: str, model: str, created: int) -> None:
         self._head = b"data: " + _head(completion_id, "text_completion", created, model)
-        self._text_pre = self._head + b',"choices":[{"index":0,"text":'
+        self._text_pre = [self._choice(0)]
 
-    def delta(self, text: str) -> bytes:
-        return self._text_pre + orjson.dumps(text) + self._TEXT_POST
+    def _choice(self, index: int) -> bytes:
+        return self._head + b',"choices":[{"index":' + str(index).encode() + b',"text":'
 
-    def finish(self, finish_reason: str) -> bytes:
+    def first(self, index: int = 0) -> bytes:
+        """Completions have no role chunk."""
+        return b""
+
+    def delta(self, text: str, index: int = 0) -> bytes:
+        pre = self._text_pre
+        while len(pre) <= index:
+            pre.append(self._choice(len(pre)))
+        return pre[index] + orjson.dumps(text) + self._TEXT_POST
+
+    def finish(self, finish_reason: str, index: int = 0) -> bytes:
         return (
-            self._text_pre
+            self._choice(index)
             + b'"","logprobs":null,"finish_reason":'
             + orjson.dumps(finish_reason)
             + b"}]}"

@@ -15,11 +15,11 @@ import orjson
 from switchyard.common.fleet_client import FleetClient
 from switchyard.preprocessor.catalog import ModelEntry, build_catalog
 from switchyard.preprocessor.dispatcher_client import DispatcherClient
-from switchyard.preprocessor.errors import ServiceUnavailableError
 from switchyard.preprocessor.metrics import PreprocessorMetrics
-from switchyard.preprocessor.pipeline import Pipeline
 from switchyard.preprocessor.router_client import RouterClient
-from switchyard.preprocessor.tokenizer import OFFLOAD_CHARS, TokenizerBundle
+from switchyard.preprocessor.stages.context import Deps, Limits
+from switchyard.preprocessor.stages.timing import StageTimer
+from switchyard.preprocessor.tokenizer import OFFLOAD_CHARS
 from switchyard.preprocessor.tokenizer_source import ModelTokenizers
 
 log = logging.getLogger(__name__)
@@ -34,15 +34,17 @@ class PreprocessorConfig:
     tokenizer_dir: Path | None = None  # for every model (else fetched from its engines)
     tokenizer_dirs: dict[str, Path] = field(default_factory=dict)  # per model
     route_timeout: float = 5.0
-    stream_idle_timeout: float = 60.0
+    stream_idle_timeout: float = 60.0  # waiting for an attempt's first reply
+    stream_gap_timeout: float = 10.0  # between replies once tokens flow
     migration_limit: int = 3
     tokenize_offload_chars: int = OFFLOAD_CHARS
     listen_when_ready_s: float = 0.0  # >0: start listening once ready (or after this long)
+    stage_timing: bool = False
 
     def __post_init__(self) -> None:
         if not self.dispatchers or not self.routers:
             raise ValueError("at least one router and one dispatcher endpoint are needed")
-        if self.route_timeout <= 0 or self.stream_idle_timeout <= 0:
+        if min(self.route_timeout, self.stream_idle_timeout, self.stream_gap_timeout) <= 0:
             raise ValueError("timeouts must be positive")
         if self.migration_limit < 0:
             raise ValueError("--migration-limit must be >= 0")
@@ -61,18 +63,24 @@ class PreprocessorState:
         self.metrics = PreprocessorMetrics()
         self.router = RouterClient(cfg.routers, lambda: self.fleet.instances)
         self.dispatcher = DispatcherClient(cfg.dispatchers)
-        self.pipeline = Pipeline(
-            self.router,
-            self.dispatcher,
-            route_timeout=cfg.route_timeout,
-            idle_timeout=cfg.stream_idle_timeout,
-            migration_limit=cfg.migration_limit,
-            on_migration=lambda kind: self.metrics.migrations.labels(kind).inc(),
-            on_router_fallback=self.metrics.router_fallback.inc,
-            instances=lambda: self.fleet.instances,
-        )
         self.tokenizers = ModelTokenizers(
             lambda: self.fleet.instances, cfg.tokenizer_dir, cfg.tokenizer_dirs
+        )
+        self.deps = Deps(
+            router=self.router,
+            dispatcher=self.dispatcher,
+            catalog=lambda: self.catalog,
+            tokenizer=self.tokenizers.get,
+            instances=lambda: self.fleet.instances,
+            metrics=self.metrics,
+            limits=Limits(
+                route_timeout=cfg.route_timeout,
+                first_token_timeout=cfg.stream_idle_timeout,
+                gap_timeout=cfg.stream_gap_timeout,
+                migration_limit=cfg.migration_limit,
+                offload_chars=cfg.tokenize_offload_chars,
+            ),
+            timer=StageTimer(self.metrics.stage_seconds) if cfg.stage_timing else None,
         )
 
     def _on_change(self, events: object) -> None:
@@ -86,14 +94,6 @@ class PreprocessorState:
         if not self.tokenizers.loaded() & self.catalog.keys():
             return "the tokenizer is not loaded yet"
         return ""
-
-    def require_tokenizer(self, model: str) -> TokenizerBundle:
-        tokenizer = self.tokenizers.get(model)
-        if tokenizer is None:
-            raise ServiceUnavailableError(
-                f"The tokenizer of model {model!r} is not loaded yet.", "not_ready"
-            )
-        return tokenizer
 
     def models_body(self) -> bytes:
         return orjson.dumps(

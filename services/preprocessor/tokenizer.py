@@ -23,6 +23,7 @@ from tokenizers import Tokenizer
 
 from .chat_template import ChatTemplate, token_text
 from .errors import TokenizerLoadError
+from .prompt_encoder import PromptEncoder, max_token_bytes, splitting_tokens
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
@@ -69,6 +70,13 @@ class TokenizerBundle:
             eos.update(_ids(extra.get("eos_token_id")))
         self.eos_token_ids: tuple[int, ...] = tuple(sorted(eos))
         self.add_bos_token = bool(config.get("add_bos_token", False))
+        # Prompts split at the added tokens the chat template writes (and BOS/EOS).
+        added = [t.content for t in tokenizer.get_added_tokens_decoder().values()]
+        in_template = [t for t in added if t in chat_template.source]
+        edges = [token_text(config.get("bos_token")), token_text(config.get("eos_token"))]
+        self.prompts = PromptEncoder(
+            tokenizer, splitting_tokens(tokenizer, in_template + edges), max_token_bytes(tokenizer)
+        )
 
     @classmethod
     def from_dir(cls, path: str | Path) -> TokenizerBundle:

@@ -12,7 +12,6 @@ from switchyard.preprocessor.chat_template import (
     token_text,
 )
 from switchyard.preprocessor.errors import InvalidRequestError, TokenizerLoadError
-from switchyard.preprocessor.openai_requests import ChatMessage
 from switchyard.preprocessor.tokenizer import TokenizerBundle, default_tokenizer_dir
 
 BOS = "<｜begin▁of▁sentence｜>"
@@ -66,10 +65,6 @@ class TestDefaultTemplate:
         parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
         text = default().render([{"role": "user", "content": parts}])
         assert text == f"{BOS}{USER}a\nb{ASSISTANT}"
-
-    def test_chat_messages_accepted(self) -> None:
-        text = default().render([ChatMessage("system", "s"), ChatMessage("user", ("x", "y"))])
-        assert text == f"{BOS}s{USER}x\ny{ASSISTANT}"
 
     def test_special_tokens_are_deepseek_added_tokens(self, bundle: TokenizerBundle) -> None:
         added = {

@@ -7,6 +7,7 @@ import json
 
 from switchyard.common import errors
 from switchyard.preprocessor.prefill_hop import PREFILL_SUFFIX, VLLM_PREFILL_PARAMS, open_hop
+from switchyard.preprocessor.reply_queue import ReplyQueue
 from switchyard.protos.messages import (
     GenerateFailed,
     GenerateFinished,
@@ -30,9 +31,9 @@ def inst(iid: int, protocol: str, bootstrap: int | None = None) -> Instance:
 
 
 class FakeStream:
-    def __init__(self, request: GenerateRequest) -> None:
+    def __init__(self, request: GenerateRequest, queue: ReplyQueue | None) -> None:
         self.request = request
-        self.queue: asyncio.Queue = asyncio.Queue()
+        self.queue = queue if queue is not None else ReplyQueue()
         self.cancelled = False
 
     async def cancel(self) -> None:
@@ -47,8 +48,8 @@ class FakeDispatcher:
         self.opened: list[FakeStream] = []
         self.script = script  # request -> list of replies to queue
 
-    async def open(self, request: GenerateRequest) -> FakeStream:
-        stream = FakeStream(request)
+    async def open(self, request: GenerateRequest, queue: ReplyQueue | None) -> FakeStream:
+        stream = FakeStream(request, queue)
         self.opened.append(stream)
         for reply in self.script(request):
             stream.queue.put_nowait(reply)
@@ -72,12 +73,21 @@ def finished(rid: str, reason: str = "length", params: str | None = None) -> Gen
 
 
 async def drain(hop, limit: float = 2.0) -> list:
+    """The replies the hop put in the request's queue, up to the first final one (a decode
+    leg's failure as the generation sees it: through `blame`)."""
     out = []
     while True:
-        reply = await asyncio.wait_for(hop.queue.get(), limit)
+        async with asyncio.timeout(limit):
+            reply = await hop.queue.get()
+        if type(reply) is GenerateFailed:
+            reply = hop.blame(reply)
         out.append(reply)
         if type(reply) is not TokenDelta:
             return out
+
+
+def hop_queue() -> ReplyQueue:
+    return ReplyQueue()
 
 
 async def test_sglang_opens_both_legs_with_the_same_params():
@@ -87,7 +97,9 @@ async def test_sglang_opens_both_legs_with_the_same_params():
         return [TokenDelta(req.request_id, [7, 8]), finished(req.request_id, "stop")]
 
     fake = FakeDispatcher(script)
-    hop = await open_hop(fake.open, request(), inst(1, "sglang", 9001), inst(2, "sglang"), 2.0)
+    hop = await open_hop(
+        fake.open, request(), inst(1, "sglang", 9001), inst(2, "sglang"), 2.0, hop_queue()
+    )
     out = await drain(hop)
     assert [type(r) for r in out] == [TokenDelta, GenerateFinished]
     prefill, decode = sorted(fake.opened, key=lambda s: s.request.instance_id)
@@ -112,7 +124,9 @@ async def test_sglang_prefill_failure_cancels_decode_and_blames_prefill():
         return []  # the decode leg waits for KV forever
 
     fake = FakeDispatcher(script)
-    hop = await open_hop(fake.open, request(), inst(1, "sglang", 9001), inst(2, "sglang"), 2.0)
+    hop = await open_hop(
+        fake.open, request(), inst(1, "sglang", 9001), inst(2, "sglang"), 2.0, hop_queue()
+    )
     (failure,) = await drain(hop)
     assert type(failure) is GenerateFailed
     assert (failure.instance_id, failure.kind) == (1, errors.CANNOT_CONNECT)
@@ -122,7 +136,9 @@ async def test_sglang_prefill_failure_cancels_decode_and_blames_prefill():
 
 async def test_sglang_silent_prefill_is_bounded_by_the_idle_timeout():
     fake = FakeDispatcher(lambda req: [])
-    hop = await open_hop(fake.open, request(), inst(1, "sglang", 9001), inst(2, "sglang"), 0.2)
+    hop = await open_hop(
+        fake.open, request(), inst(1, "sglang", 9001), inst(2, "sglang"), 0.2, hop_queue()
+    )
     (failure,) = await drain(hop)
     assert failure.kind in errors.MIGRATABLE and failure.instance_id == 1
 
@@ -136,7 +152,7 @@ async def test_vllm_prefill_then_decode_with_its_params_unchanged():
         return [TokenDelta(req.request_id, [7, 8]), finished(req.request_id, "stop")]
 
     fake = FakeDispatcher(script)
-    hop = await open_hop(fake.open, request(), inst(1, "vllm"), inst(2, "vllm"), 2.0)
+    hop = await open_hop(fake.open, request(), inst(1, "vllm"), inst(2, "vllm"), 2.0, hop_queue())
     out = await drain(hop)
     assert [r.token_ids for r in out[:-1]] == [[7, 8]]
     prefill, decode = fake.opened
@@ -159,7 +175,7 @@ async def test_vllm_decode_transfer_failure_blames_the_prefill():
         ]
 
     fake = FakeDispatcher(script)
-    hop = await open_hop(fake.open, request(), inst(1, "vllm"), inst(2, "vllm"), 2.0)
+    hop = await open_hop(fake.open, request(), inst(1, "vllm"), inst(2, "vllm"), 2.0, hop_queue())
     (failure,) = await drain(hop)
     assert failure.instance_id == 1 and failure.kind in errors.MIGRATABLE
 
@@ -169,7 +185,7 @@ async def test_vllm_prefill_ending_on_eos_is_the_whole_answer():
         return [TokenDelta(req.request_id, [0]), finished(req.request_id, "stop")]
 
     fake = FakeDispatcher(script)
-    hop = await open_hop(fake.open, request(), inst(1, "vllm"), inst(2, "vllm"), 2.0)
+    hop = await open_hop(fake.open, request(), inst(1, "vllm"), inst(2, "vllm"), 2.0, hop_queue())
     out = await drain(hop)
     assert [type(r) for r in out] == [TokenDelta, GenerateFinished]
     assert out[0].request_id == "r" and len(fake.opened) == 1

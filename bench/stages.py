@@ -1,0 +1,179 @@
+"""Where the preprocessor's time goes, stage by stage, and what a long conversation costs to
+tokenize turn by turn (issue 13).
+
+1. Stages: 2 SGLang-protocol mock engines, `switchyard up --preprocessor-arg=--stage-timing`,
+   closed-loop load (streamed and not); the preprocessor's switchyard_preprocessor_stage_seconds
+   sums are read before and after each run, next to the CPU seconds of every process, and
+   reported per request (microseconds) and as a share of the preprocessor's CPU. The rest of
+   the preprocessor's CPU is outside the stages: HTTP parsing (uvicorn), the event loop, the
+   ZMQ readers.
+2. Multi-turn tokenization: one conversation grown turn by turn to ~32k tokens; each turn's
+   prompt rendered and tokenized as the preprocessor does (cached segments) vs a full encode of
+   the same text, in this process.
+
+    python bench/stages.py            # both parts
+    python bench/stages.py --quick    # tiny, for a smoke test
+
+Results: bench/results/stages.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from load import MODEL, Processes, served_tokenizer_dir, start_engines, switchyard_stack
+from loadgen import HttpTarget, closed_loop, prompts
+from procstat import CpuMeter
+
+from switchyard.preprocessor.stages.timing import STAGES
+from switchyard.preprocessor.tokenizer import TokenizerBundle, default_tokenizer_dir
+
+HERE = Path(__file__).resolve().parent
+_SERIES = re.compile(r'^switchyard_preprocessor_stage_seconds_(sum|count)\{stage="(\w+)"\} (\S+)$')
+
+
+def stage_sums(base: str) -> dict[str, tuple[float, float]]:
+    """stage -> (seconds, observations) from the preprocessor's /metrics."""
+    out: dict[str, list[float]] = {}
+    for line in httpx.get(base + "/metrics", timeout=10).text.splitlines():
+        match = _SERIES.match(line)
+        if match:
+            kind, stage, value = match.groups()
+            out.setdefault(stage, [0.0, 0.0])[0 if kind == "sum" else 1] = float(value)
+    return {stage: (v[0], v[1]) for stage, v in out.items()}
+
+
+async def load_run(base: str, stream: bool, n: int, concurrency: int, tokens: int) -> None:
+    target = HttpTarget("switchyard", base, MODEL, tokens, stream=stream)
+    await target.open()
+    try:
+        items = prompts("S0", f"{stream}-{concurrency}", n, 48, 1)
+        samples, _ = await closed_loop(target, items, concurrency, lambda: None)
+    finally:
+        await target.close()
+    bad = [s for s in samples if not s.ok]
+    if bad:
+        raise RuntimeError(f"{len(bad)} failed requests, e.g. {bad[0].error}")
+
+
+def stage_table(args: argparse.Namespace) -> list[str]:
+    tmp = Path(tempfile.mkdtemp(prefix="switchyard-stages-"))
+    procs = Processes(tmp)
+    lines = [
+        "## Per-stage time in the preprocessor (`--stage-timing`)",
+        "",
+        f"2 mock engines (TTFT 20 ms, ITL 5 ms), {args.tokens} output tokens, closed loop at "
+        f"concurrency {args.concurrency}, {args.requests} requests per run. us/request; "
+        "`stream` = detokenize + stop strings + framing of every batch of replies, `write` = "
+        "handing the frames to uvicorn; route waits for the router process (wall time).",
+        "",
+    ]
+    try:
+        tokenizer, _ = served_tokenizer_dir(tmp / "tokenizer")
+        engines, _, kv_urls = start_engines(procs, 2, tokenizer, 20.0, 5.0)
+        extra = ["--preprocessor-arg=--stage-timing"]
+        with switchyard_stack(procs, "switchyard", kv_urls, "kv", extra) as (base, proc):
+            meter = CpuMeter({"frontend": [proc.pid]})
+            asyncio.run(load_run(base, True, min(64, args.requests), args.concurrency, 8))
+            header = "| run | " + " | ".join(STAGES) + " | stages total | preprocessor CPU |"
+            lines += [header, "|" + "---|" * (len(STAGES) + 3)]
+            for stream in (True, False):
+                before, cpu0 = stage_sums(base), meter.snapshot()
+                asyncio.run(load_run(base, stream, args.requests, args.concurrency, args.tokens))
+                after, cpu1 = stage_sums(base), meter.snapshot()
+                per_process = meter.diff(cpu0, cpu1)["frontend"]
+                pre_cpu = sum(v for k, v in per_process.items() if k.startswith("preprocessor"))
+                cells, total = [], 0.0
+                for stage in STAGES:
+                    spent = after.get(stage, (0, 0))[0] - before.get(stage, (0, 0))[0]
+                    total += spent
+                    cells.append(f"{spent / args.requests * 1e6:.0f}")
+                lines.append(
+                    f"| {'streamed' if stream else 'whole'} | " + " | ".join(cells) + " | "
+                    f"{total / args.requests * 1e6:.0f} | "
+                    f"{pre_cpu / args.requests * 1e6:.0f} |"
+                )
+            lines += ["", "CPU per request of each process (us):", ""]
+            for name, seconds in sorted(per_process.items()):
+                lines.append(f"- {name}: {seconds / args.requests * 1e6:.0f}")
+    finally:
+        procs.stop_all()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return lines
+
+
+def conversation_table(args: argparse.Namespace) -> list[str]:
+    return asyncio.run(_conversation(args))
+
+
+async def _conversation(args: argparse.Namespace) -> list[str]:
+    bundle = TokenizerBundle.from_dir(default_tokenizer_dir())
+    words = "the yard master signals the freight train onto track seven after the local".split()
+    history: list[dict] = [{"role": "system", "content": "You dispatch trains. " * 40}]
+    cached_ms, full_ms, render_ms, turns, tokens = [], [], [], 0, 0
+    while tokens < args.conversation_tokens:
+        turns += 1
+        question = " ".join(words[(turns + i) % len(words)] for i in range(120))
+        history.append({"role": "user", "content": f"Turn {turns}: {question}?"})
+        t = time.perf_counter()
+        text = bundle.chat_template.render(history)
+        t0 = time.perf_counter()
+        render_ms.append((t0 - t) * 1e3)
+        ids = await bundle.prompts.encode(text, 10**9, 10**9)
+        t1 = time.perf_counter()
+        full = bundle.tokenizer.encode(text, add_special_tokens=False).ids
+        t2 = time.perf_counter()
+        assert ids == full, "the cached path must give the same ids"
+        cached_ms.append((t1 - t0) * 1e3)
+        full_ms.append((t2 - t1) * 1e3)
+        tokens = len(ids)
+        answer = " ".join(words[(turns * 3 + i) % len(words)] for i in range(140))
+        history.append({"role": "assistant", "content": answer})
+    return [
+        "## Multi-turn tokenization (one conversation, turn by turn)",
+        "",
+        f"{turns} turns up to {tokens} prompt tokens; each turn's rendered prompt tokenized "
+        "with the preprocessor's cached segments vs one full encode of the same text (the same "
+        "ids, checked).",
+        "",
+        "| | all turns, ms | last turn, ms | per turn mean, ms |",
+        "|---|---|---|---|",
+        f"| cached segments | {sum(cached_ms):.1f} | {cached_ms[-1]:.2f} | "
+        f"{sum(cached_ms) / turns:.2f} |",
+        f"| full encode | {sum(full_ms):.1f} | {full_ms[-1]:.2f} | {sum(full_ms) / turns:.2f} |",
+        f"| ratio | {sum(full_ms) / sum(cached_ms):.1f}x | {full_ms[-1] / cached_ms[-1]:.1f}x | |",
+        f"| (chat template render) | {sum(render_ms):.1f} | {render_ms[-1]:.2f} | "
+        f"{sum(render_ms) / turns:.2f} |",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--conversation-tokens", type=int, default=32_000)
+    parser.add_argument("--out-dir", type=Path, default=HERE / "results")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.requests, args.conversation_tokens = 40, 3000
+    lines = ["# Stages and multi-turn tokenization", ""]
+    lines += stage_table(args) + [""] + conversation_table(args)
+    text = "\n".join(lines) + "\n"
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "stages.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

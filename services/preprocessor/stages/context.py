@@ -1,0 +1,97 @@
+"""The one object every stage of a request works on: immutable input, shared dependencies,
+per-request state (RequestContext = RequestInput + Deps + RequestState).
+
+Stages read `inp` and `deps` and write only `state`; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from switchyard.preprocessor.catalog import ModelEntry
+from switchyard.preprocessor.metrics import PreprocessorMetrics
+from switchyard.preprocessor.openai_requests import ChatCompletionRequest, CompletionRequest
+from switchyard.preprocessor.reply_queue import ReplyQueue
+from switchyard.preprocessor.stages.timing import StageTimer
+from switchyard.preprocessor.tokenizer import TokenizerBundle
+from switchyard.protos.messages import Instance, SamplingParams
+
+if TYPE_CHECKING:
+    from switchyard.preprocessor.dispatcher_client import DispatcherClient
+    from switchyard.preprocessor.router_client import RouterClient
+    from switchyard.preprocessor.stages.choice import ChoiceOutput
+    from switchyard.preprocessor.stages.generation import Generation
+
+CHAT = "chat_completions"
+COMPLETIONS = "completions"
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The request path's timeouts and retry bounds (validated in PreprocessorConfig)."""
+
+    route_timeout: float = 5.0
+    first_token_timeout: float = 60.0  # no reply yet on an attempt (prefill may be long)
+    gap_timeout: float = 60.0  # between replies once tokens flow
+    migration_limit: int = 3
+    hop_attempts: int = 2  # the prefill hop: first try + one retry
+    busy_seconds: float = 1.0  # how long an overloaded engine is avoided
+    offload_chars: int = 2048  # texts this long are tokenized on a worker thread
+
+
+@dataclass(frozen=True, slots=True)
+class Deps:
+    """What every request shares: clients, lookups, metrics. Built once per process."""
+
+    router: RouterClient
+    dispatcher: DispatcherClient
+    catalog: Callable[[], Mapping[str, ModelEntry]]
+    tokenizer: Callable[[str], TokenizerBundle | None]
+    instances: Callable[[], Mapping[int, Instance]]
+    metrics: PreprocessorMetrics
+    limits: Limits = Limits()
+    timer: StageTimer | None = None  # --stage-timing: a benchmark mode
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInput:
+    endpoint: str  # CHAT | COMPLETIONS
+    request_id: str
+    request: ChatCompletionRequest | CompletionRequest
+    received: float  # time.perf_counter() when the body was read
+    created: int  # unix seconds, for the response's `created`
+
+
+@dataclass(slots=True)
+class RequestState:
+    """Filled in stage by stage."""
+
+    entry: ModelEntry | None = None
+    tokenizer: TokenizerBundle | None = None
+    prompt_text: str | None = None  # None: the client gave token ids
+    prompt_ids: list[int] = field(default_factory=list)
+    param: str = "messages"  # the request field the prompt came from (for errors)
+    sampling: SamplingParams | None = None
+    queue: ReplyQueue = field(default_factory=ReplyQueue)
+    choices: list[ChoiceOutput] = field(default_factory=list)
+    generations: list[Generation] = field(default_factory=list)
+    # attempt id -> its generation: replies of attempts that ended are ignored.
+    attempts: dict[str, Generation] = field(default_factory=dict)
+    unfinished: int = 0  # choices still generating
+    first_token_at: float | None = None
+    migrations: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RequestContext:
+    inp: RequestInput
+    deps: Deps
+    state: RequestState = field(default_factory=RequestState)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()

@@ -1,0 +1,249 @@
+"""One choice's engine request: the route -> (prefill hop) -> dispatch stages, and migration.
+
+`Generation.start` routes and dispatches an attempt; its replies land in the request's reply
+queue, tagged with the attempt id. When an attempt fails with a migratable fault (engine
+unreachable, stream cut or silent, engine overloaded), `fail` re-routes excluding the
+instances that failed and resends prompt + the tokens generated so far with max_tokens reduced:
+the engines are deterministic per context, so the client sees one stream. Migration is thus a
+loop around route -> stream, driven by the token loop. A fault that cannot migrate, or the
+migration limit, raises EngineError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import msgspec
+
+from switchyard.common import errors
+from switchyard.common.errors import EngineError
+from switchyard.preprocessor.dispatcher_client import GenerationStream, NoDispatcher
+from switchyard.preprocessor.errors import NoWorker
+from switchyard.preprocessor.prefill_hop import HopStream, open_hop, supported
+from switchyard.preprocessor.reply_queue import ReplyQueue
+from switchyard.preprocessor.router_client import FALLBACK_POLICY
+from switchyard.preprocessor.stages.choice import ChoiceOutput
+from switchyard.preprocessor.stages.context import RequestContext
+from switchyard.protos.messages import (
+    STAGE_FINISHED,
+    STAGE_FIRST_TOKEN,
+    GenerateFailed,
+    GenerateRequest,
+    Instance,
+    RouteRequest,
+    RouteResponse,
+    SamplingParams,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Generation:
+    __slots__ = (
+        "ctx",
+        "choice",
+        "base_id",
+        "sampling",
+        "attempt",
+        "attempt_id",
+        "instance_id",
+        "stream",
+        "generated",
+        "exclude",
+        "hops",
+        "got_tokens",
+        "last",
+        "open",
+    )
+
+    def __init__(
+        self, ctx: RequestContext, choice: ChoiceOutput, base_id: str, sampling: SamplingParams
+    ) -> None:
+        self.ctx = ctx
+        self.choice = choice
+        self.base_id = base_id  # the engine request id of the first attempt
+        self.sampling = sampling
+        self.attempt = 0
+        self.attempt_id = base_id
+        self.instance_id = 0
+        self.stream: GenerationStream | HopStream | None = None
+        self.generated: list[int] = []
+        self.exclude: list[int] = []
+        self.hops = 0
+        self.got_tokens = False  # this attempt produced a token
+        self.last = 0.0  # loop time of this attempt's last reply (the watchdog reads it)
+        self.open = False  # an attempt is running
+
+    # ---- route -> hop -> dispatch ------------------------------------------------------
+
+    async def start(self, last_failure: GenerateFailed | None = None) -> None:
+        ctx = self.ctx
+        deps = ctx.deps
+        timer = deps.timer
+        if self.attempt:
+            self.attempt_id = f"{self.base_id}.m{self.attempt}"
+        t0 = time.perf_counter()
+        routed = await self._route()
+        if timer is not None:
+            timer.add("route", time.perf_counter() - t0)
+        instance_id = routed.instance_id
+        assert instance_id is not None
+        # The prefill hop only before any token: a later migration resends the prompt and the
+        # tokens so far to one worker, as without disaggregation.
+        pair = self._hop_pair(routed) if not self.generated else None
+        if pair is not None and self.hops >= deps.limits.hop_attempts:
+            assert last_failure is not None
+            raise EngineError(
+                last_failure.kind,
+                f"the prefill hop failed {self.hops} times: {last_failure.message}",
+                last_failure.instance_id,
+            )
+        generated = self.generated
+        sampling = self.sampling
+        state = ctx.state
+        request = GenerateRequest(
+            request_id=self.attempt_id,
+            instance_id=instance_id,
+            token_ids=state.prompt_ids + generated if generated else state.prompt_ids,
+            sampling=msgspec.structs.replace(
+                sampling,
+                max_tokens=sampling.max_tokens - len(generated),
+                min_tokens=max(0, sampling.min_tokens - len(generated)),
+            )
+            if generated
+            else sampling,
+        )
+        self.instance_id = instance_id
+        self.got_tokens = False
+        state.attempts[self.attempt_id] = self
+        t0 = time.perf_counter()
+        if pair is not None:
+            self.hops += 1
+            self.stream = await open_hop(
+                self._open, request, *pair, deps.limits.first_token_timeout, state.queue
+            )
+            stage = "hop"
+        else:
+            self.stream = await self._open(request, state.queue)
+            stage = "dispatch"
+        if timer is not None:
+            timer.add(stage, time.perf_counter() - t0)
+        self.open = True
+        self.last = asyncio.get_running_loop().time()
+
+    async def _route(self) -> RouteResponse:
+        ctx = self.ctx
+        deps = ctx.deps
+        reply = await deps.router.route(
+            RouteRequest(
+                request_id=self.attempt_id,
+                model=ctx.inp.request.model,
+                token_ids=ctx.state.prompt_ids,
+                exclude=self.exclude,
+            ),
+            deps.limits.route_timeout,
+        )
+        if reply.policy == FALLBACK_POLICY:
+            deps.metrics.router_fallback.inc()
+        if reply.instance_id is None:
+            model = ctx.inp.request.model
+            raise NoWorker(reply.error, f"no engine available for model {model!r}", model)
+        return reply
+
+    def _hop_pair(self, reply: RouteResponse) -> tuple[Instance, Instance] | None:
+        if reply.prefill_instance_id is None or reply.instance_id is None:
+            return None
+        known = self.ctx.deps.instances()
+        prefill = known.get(reply.prefill_instance_id)
+        decode = known.get(reply.instance_id)
+        if prefill is None or decode is None or not supported(prefill, decode):
+            log.warning(
+                "request_id=%s: no prefill hop from instance %d to %d (unknown or unsupported)",
+                reply.request_id,
+                reply.prefill_instance_id,
+                reply.instance_id,
+            )
+            return None
+        return prefill, decode
+
+    async def _open(self, request: GenerateRequest, queue: ReplyQueue | None) -> GenerationStream:
+        dispatcher = self.ctx.deps.dispatcher
+        try:
+            return await dispatcher.open(request, queue)
+        except NoDispatcher:
+            # A dispatcher restarting: give the replicas a moment to come back.
+            if await dispatcher.wait_connected(self.ctx.deps.limits.route_timeout):
+                return await dispatcher.open(request, queue)
+            raise NoWorker("no_dispatcher", "no dispatcher is reachable") from None
+
+    # ---- what the token loop reports --------------------------------------------------
+
+    async def first_token_sent(self) -> None:
+        """The client has this attempt's first token: the router frees its prefill booking."""
+        await self.ctx.deps.router.progress(
+            self.attempt_id, self.instance_id, STAGE_FIRST_TOKEN, final=False
+        )
+
+    async def finished(self) -> None:
+        """The engine sent its final message for this attempt."""
+        if self.stream is not None:
+            self.stream.close()
+        await self._end()
+
+    async def stop(self) -> None:
+        """The request no longer needs this attempt (stop string, client gone, error)."""
+        if self.open and self.stream is not None:
+            await self.stream.cancel()
+        await self._end()
+
+    async def _end(self) -> None:
+        if not self.open:
+            return
+        self.open = False
+        self.ctx.state.attempts.pop(self.attempt_id, None)
+        await self.ctx.deps.router.progress(
+            self.attempt_id, self.instance_id, STAGE_FINISHED, final=True
+        )
+
+    async def fail(self, failure: GenerateFailed) -> None:
+        """An attempt failed: migrate it (a new attempt is running on return) or raise."""
+        if isinstance(self.stream, HopStream):
+            failure = self.stream.blame(failure)
+        await self.stop()
+        deps = self.ctx.deps
+        if failure.kind not in errors.MIGRATABLE:
+            raise EngineError(failure.kind, failure.message, failure.instance_id)
+        if failure.kind == errors.OVERLOADED:
+            await deps.router.busy(failure.instance_id, deps.limits.busy_seconds)
+        if failure.engine_fault:
+            self.exclude.append(failure.instance_id)
+        if self.attempt >= deps.limits.migration_limit:
+            raise EngineError(
+                failure.kind,
+                f"gave up after {deps.limits.migration_limit} migrations: {failure.message}",
+                failure.instance_id,
+            )
+        log.warning(
+            "migrating request_id=%s from instance_id=%d kind=%s after %d tokens: %s",
+            self.base_id,
+            failure.instance_id,
+            failure.kind,
+            len(self.generated),
+            failure.message,
+        )
+        deps.metrics.migrations.labels(failure.kind).inc()
+        self.ctx.state.migrations += 1
+        self.attempt += 1
+        await self.start(failure)
+
+    def silent(self, timeout: float) -> GenerateFailed:
+        """The failure of an attempt the watchdog found silent for `timeout` seconds."""
+        what = "between tokens" if self.got_tokens else "before the first token"
+        return GenerateFailed(
+            request_id=self.attempt_id,
+            instance_id=self.instance_id,
+            kind=errors.DISCONNECTED,
+            message=f"no reply for {timeout:g}s {what}",
+        )

@@ -1,0 +1,182 @@
+"""Stand-ins for the router and dispatcher clients and the HTTP side, for stage tests.
+
+The dispatcher is scripted: `script(request)` returns the replies an attempt gets (queued at
+once), or None to leave the attempt silent. Everything else is real: the DeepSeek tokenizer,
+the chat template, the stages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from switchyard.preprocessor.catalog import ModelEntry
+from switchyard.preprocessor.metrics import PreprocessorMetrics
+from switchyard.preprocessor.reply_queue import ReplyQueue
+from switchyard.preprocessor.stages.context import Deps, Limits
+from switchyard.preprocessor.tokenizer import TokenizerBundle
+from switchyard.protos.messages import (
+    GenerateFailed,
+    GenerateFinished,
+    GenerateRequest,
+    Instance,
+    RouteResponse,
+    TokenDelta,
+)
+
+MODEL = "m"
+
+
+class FakeRouter:
+    def __init__(self, instances: list[int]) -> None:
+        self.instances = instances
+        self.excluded: list[list[int]] = []
+        self.progress_log: list[tuple[str, str]] = []
+        self.busy_log: list[int] = []
+
+    async def route(self, request, timeout):
+        self.excluded.append(list(request.exclude))
+        free = [i for i in self.instances if i not in request.exclude]
+        return RouteResponse(
+            request_id=request.request_id,
+            instance_id=free[0] if free else None,
+            error="" if free else "no_worker",
+        )
+
+    async def progress(self, request_id, instance_id, stage, final) -> None:
+        self.progress_log.append((request_id, stage))
+
+    async def busy(self, instance_id, seconds) -> None:
+        self.busy_log.append(instance_id)
+
+
+class FakeStream:
+    def __init__(self, request: GenerateRequest, queue: ReplyQueue) -> None:
+        self.request = request
+        self.queue = queue
+        self.cancelled = False
+        self.closed = False
+
+    async def cancel(self) -> None:
+        self.cancelled = True
+
+    def close(self) -> None:
+        self.closed = True
+
+
+Script = Callable[[GenerateRequest], list[Any] | None]
+
+
+class FakeDispatcher:
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.requests: list[GenerateRequest] = []
+        self.streams: list[FakeStream] = []
+
+    async def open(self, request: GenerateRequest, queue: ReplyQueue | None = None):
+        self.requests.append(request)
+        stream = FakeStream(request, queue if queue is not None else ReplyQueue())
+        self.streams.append(stream)
+        for reply in self.script(request) or ():
+            stream.queue.put_nowait(reply)
+        return stream
+
+    async def wait_connected(self, timeout: float) -> bool:
+        return True
+
+
+class FakeHttp:
+    """Records what the stages send: the status, each write, the end."""
+
+    def __init__(self) -> None:
+        self.status: int | None = None
+        self.writes: list[bytes] = []
+        self.ended = False
+
+    async def start_stream(self) -> None:
+        self.status = 200
+
+    async def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    async def end_stream(self) -> None:
+        self.ended = True
+
+    async def respond(self, status: int, body: bytes) -> None:
+        self.status = status
+        self.writes.append(body)
+        self.ended = True
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(self.writes)
+
+    def json(self) -> Any:
+        return orjson.loads(self.body)
+
+    def events(self) -> list[Any]:
+        """The SSE data payloads, parsed ([DONE] as the string)."""
+        out = []
+        for frame in self.body.split(b"\n\n"):
+            if frame.startswith(b"data: "):
+                data = frame[6:]
+                out.append("[DONE]" if data == b"[DONE]" else orjson.loads(data))
+        return out
+
+
+def deps(
+    bundle: TokenizerBundle,
+    router: FakeRouter,
+    dispatcher: FakeDispatcher,
+    context_length: int = 4096,
+    **limits: Any,
+) -> Deps:
+    entry = ModelEntry(MODEL, context_length, 1)
+    instances = {
+        i: Instance(
+            instance_id=i,
+            url=f"grpc://10.0.0.{i}:1",
+            protocol="sglang",
+            model=MODEL,
+            context_length=context_length,
+            block_size=16,
+        )
+        for i in router.instances
+    }
+    return Deps(
+        router=router,  # type: ignore[arg-type]
+        dispatcher=dispatcher,  # type: ignore[arg-type]
+        catalog=lambda: {MODEL: entry},
+        tokenizer=lambda model: bundle if model == MODEL else None,
+        instances=lambda: instances,
+        metrics=PreprocessorMetrics(),
+        limits=Limits(**limits),
+    )
+
+
+def done(rid: str, reason: str = "length", cached: int = 0) -> GenerateFinished:
+    return GenerateFinished(
+        request_id=rid,
+        finish_reason=reason,
+        prompt_tokens=0,
+        completion_tokens=0,
+        cached_tokens=cached,
+    )
+
+
+def failed(rid: str, instance: int, kind: str, engine_fault: bool = True) -> GenerateFailed:
+    return GenerateFailed(
+        request_id=rid, instance_id=instance, kind=kind, message="boom", engine_fault=engine_fault
+    )
+
+
+def tokens(rid: str, *ids: int) -> TokenDelta:
+    return TokenDelta(rid, list(ids))
+
+
+def chat_body(**fields: Any) -> bytes:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    body.update(fields)
+    return orjson.dumps(body)

@@ -1,0 +1,321 @@
+"""`serve` end to end over fake router/dispatcher clients: the stages in order, the token
+loop, migration, the watchdog, and how failures reach the client."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from switchyard.common import errors
+from switchyard.preprocessor.stages.context import CHAT, COMPLETIONS
+from switchyard.preprocessor.stages.endpoints import serve
+from switchyard.preprocessor.stages.tests.fakes import (
+    FakeDispatcher,
+    FakeHttp,
+    FakeRouter,
+    chat_body,
+    deps,
+    done,
+    failed,
+    tokens,
+)
+from switchyard.preprocessor.tokenizer import TokenizerBundle
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def ids_of(bundle: TokenizerBundle, text: str) -> list[int]:
+    return bundle.encode(text)
+
+
+async def run(d, body: bytes, endpoint: str = CHAT) -> tuple[int, FakeHttp]:
+    http = FakeHttp()
+    status = await serve(d, endpoint, body, 0.0, http)
+    return status, http
+
+
+def content(http: FakeHttp) -> str:
+    return "".join(
+        e["choices"][0]["delta"].get("content", "")
+        for e in http.events()
+        if e != "[DONE]" and e["choices"]
+    )
+
+
+class TestStream:
+    async def test_text_usage_and_finish(self, bundle):
+        ids = ids_of(bundle, "Hello there, friend")
+
+        def script(req):
+            return [tokens(req.request_id, i) for i in ids] + [done(req.request_id, cached=16)]
+
+        d = deps(bundle, FakeRouter([1]), FakeDispatcher(script))
+        status, http = await run(d, chat_body(stream=True, stream_options={"include_usage": True}))
+        assert status == 200 and http.ended
+        assert content(http) == "Hello there, friend"
+        events = http.events()
+        assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        assert events[-3]["choices"][0]["finish_reason"] == "length"
+        usage = events[-2]["usage"]
+        assert usage["completion_tokens"] == len(ids)
+        assert usage["prompt_tokens_details"]["cached_tokens"] == 16
+        assert events[-1] == "[DONE]"
+
+    async def test_replies_that_arrive_together_are_one_write(self, bundle):
+        """Regression guard for the per-token path: a batch of queued replies is processed
+        in one pass and written once (role chunk, content, finish and [DONE] together)."""
+
+        def script(req):
+            return [tokens(req.request_id, 7), tokens(req.request_id, 8), done(req.request_id)]
+
+        d = deps(bundle, FakeRouter([1]), FakeDispatcher(script))
+        _, http = await run(d, chat_body(stream=True))
+        assert len(http.writes) == 2  # the batch, then usage-less [DONE]
+        assert http.writes[0].count(b"data: ") == 3  # role + content + finish
+
+    async def test_router_hears_of_the_first_token_and_the_end(self, bundle):
+        router = FakeRouter([1])
+        d = deps(
+            bundle, router, FakeDispatcher(lambda r: [tokens(r.request_id, 7), done(r.request_id)])
+        )
+        await run(d, chat_body(stream=True))
+        stages = [stage for _, stage in router.progress_log]
+        assert stages == ["first_token", "finished"]
+
+    async def test_not_streaming(self, bundle):
+        ids = ids_of(bundle, "plain answer")
+        d = deps(
+            bundle,
+            FakeRouter([1]),
+            FakeDispatcher(lambda r: [tokens(r.request_id, *ids), done(r.request_id, "stop")]),
+        )
+        status, http = await run(d, chat_body())
+        body = http.json()
+        assert status == 200
+        assert body["choices"][0]["message"]["content"] == "plain answer"
+        assert body["choices"][0]["finish_reason"] == "stop"
+        assert body["usage"]["completion_tokens"] == len(ids)
+
+    async def test_completions_with_token_ids(self, bundle):
+        d = deps(bundle, FakeRouter([1]), FakeDispatcher(lambda r: [done(r.request_id)]))
+        dispatcher = d.dispatcher
+        status, http = await run(
+            d, b'{"model": "m", "prompt": [5, 6, 7], "max_tokens": 2}', COMPLETIONS
+        )
+        assert status == 200 and http.json()["object"] == "text_completion"
+        assert dispatcher.requests[0].token_ids == [5, 6, 7]
+        assert dispatcher.requests[0].sampling.max_tokens == 2
+
+
+class TestStopStrings:
+    async def test_stop_trims_and_cancels_the_engine_request(self, bundle):
+        ids = ids_of(bundle, "one two STOP three four")
+        dispatcher = FakeDispatcher(lambda r: [tokens(r.request_id, i) for i in ids])
+        d = deps(bundle, FakeRouter([1]), dispatcher)
+        _, http = await run(d, chat_body(stream=True, stop=["STOP"]))
+        assert content(http) == "one two "
+        assert http.events()[-2]["choices"][0]["finish_reason"] == "stop"
+        assert dispatcher.streams[0].cancelled
+
+
+class TestMigration:
+    async def test_resends_prompt_plus_generated_with_reduced_budget(self, bundle):
+        def script(req):
+            if req.instance_id == 1:
+                return [tokens(req.request_id, 7), failed(req.request_id, 1, errors.CANNOT_CONNECT)]
+            return [tokens(req.request_id, 8, 9), done(req.request_id)]
+
+        router, dispatcher = FakeRouter([1, 2]), FakeDispatcher(script)
+        d = deps(bundle, router, dispatcher)
+        _, http = await run(
+            d,
+            chat_body(
+                stream=True, max_tokens=5, min_tokens=2, stream_options={"include_usage": True}
+            ),
+        )
+        first, retry = dispatcher.requests
+        assert retry.token_ids == first.token_ids + [7]
+        assert (retry.sampling.max_tokens, retry.sampling.min_tokens) == (4, 1)
+        assert retry.request_id == first.request_id + ".m1"
+        assert router.excluded == [[], [1]]
+        assert http.events()[-2]["usage"]["completion_tokens"] == 3
+        assert d.metrics.migrations.labels(errors.CANNOT_CONNECT)._value.get() == 1
+
+    async def test_dispatcher_loss_does_not_exclude_the_engine(self, bundle):
+        calls = []
+
+        def script(req):
+            calls.append(req.instance_id)
+            if len(calls) == 1:
+                return [failed(req.request_id, 1, errors.DISCONNECTED, engine_fault=False)]
+            return [tokens(req.request_id, 8), done(req.request_id)]
+
+        router = FakeRouter([1])
+        d = deps(bundle, router, FakeDispatcher(script))
+        status, _ = await run(d, chat_body())
+        assert status == 200 and calls == [1, 1] and router.excluded == [[], []]
+
+    async def test_stale_replies_of_a_failed_attempt_are_ignored(self, bundle):
+        def script(req):
+            if req.instance_id == 1:
+                # the failure, then a late token of the dead attempt in the same batch
+                return [
+                    failed(req.request_id, 1, errors.CANNOT_CONNECT),
+                    tokens(req.request_id, 99),
+                ]
+            return [tokens(req.request_id, 8), done(req.request_id)]
+
+        d = deps(bundle, FakeRouter([1, 2]), FakeDispatcher(script))
+        _, http = await run(d, chat_body(stream_options=None))
+        assert http.json()["usage"]["completion_tokens"] == 1
+
+    async def test_overloaded_engine_is_marked_busy(self, bundle):
+        def script(req):
+            if req.instance_id == 1:
+                return [failed(req.request_id, 1, errors.OVERLOADED)]
+            return [done(req.request_id)]
+
+        router = FakeRouter([1, 2])
+        d = deps(bundle, router, FakeDispatcher(script))
+        status, _ = await run(d, chat_body())
+        assert status == 200 and router.busy_log == [1]
+
+    async def test_migration_limit(self, bundle):
+        def script(req):
+            return [
+                failed(req.request_id, req.instance_id, errors.CANNOT_CONNECT, engine_fault=False)
+            ]
+
+        d = deps(bundle, FakeRouter([1]), FakeDispatcher(script), migration_limit=2)
+        status, http = await run(d, chat_body())
+        assert status == 503
+        assert "gave up after 2 migrations" in http.json()["error"]["message"]
+        assert len(d.dispatcher.requests) == 3
+
+
+class TestWatchdog:
+    async def test_silent_before_the_first_token_migrates(self, bundle):
+        def script(req):
+            return (
+                None if req.instance_id == 1 else [tokens(req.request_id, 8), done(req.request_id)]
+            )
+
+        d = deps(bundle, FakeRouter([1, 2]), FakeDispatcher(script), first_token_timeout=0.05)
+        status, _ = await run(d, chat_body())
+        assert status == 200
+        assert [r.instance_id for r in d.dispatcher.requests] == [1, 2]
+
+    async def test_a_gap_between_tokens_migrates(self, bundle):
+        """A frozen engine after its first tokens: the gap timeout, not the first-token one."""
+
+        def script(req):
+            if req.instance_id == 1:
+                return [tokens(req.request_id, 7)]  # then nothing
+            return [tokens(req.request_id, 8), done(req.request_id)]
+
+        d = deps(
+            bundle,
+            FakeRouter([1, 2]),
+            FakeDispatcher(script),
+            first_token_timeout=60.0,
+            gap_timeout=0.05,
+        )
+        status, http = await run(d, chat_body())
+        assert status == 200 and http.json()["usage"]["completion_tokens"] == 2
+        assert d.dispatcher.streams[0].cancelled
+
+    async def test_a_long_first_token_wait_is_not_a_gap(self, bundle):
+        """Before the first token only the first-token timeout applies."""
+
+        async def late(stream):
+            await asyncio.sleep(0.2)
+            stream.queue.put_nowait(tokens(stream.request.request_id, 7))
+            stream.queue.put_nowait(done(stream.request.request_id))
+
+        dispatcher = FakeDispatcher(lambda r: None)
+        d = deps(bundle, FakeRouter([1, 2]), dispatcher, first_token_timeout=5.0, gap_timeout=0.05)
+        serving = asyncio.create_task(run(d, chat_body()))
+        while not dispatcher.streams:
+            await asyncio.sleep(0.01)
+        await late(dispatcher.streams[0])
+        status, _ = await serving
+        assert status == 200 and len(dispatcher.requests) == 1
+
+
+class TestFailures:
+    async def test_failure_before_any_output_gets_its_status(self, bundle):
+        d = deps(
+            bundle,
+            FakeRouter([1]),
+            FakeDispatcher(lambda r: [failed(r.request_id, 1, errors.BAD_REQUEST)]),
+        )
+        status, http = await run(d, chat_body(stream=True))
+        assert status == 400 and http.json()["error"]["code"] == "engine_rejected"
+
+    async def test_failure_in_the_first_batch_still_gets_a_status(self, bundle):
+        def script(req):
+            return [tokens(req.request_id, 7, 8), failed(req.request_id, 1, errors.ENGINE_ERROR)]
+
+        d = deps(bundle, FakeRouter([1]), FakeDispatcher(script))
+        status, http = await run(d, chat_body(stream=True))
+        assert status == 500 and http.json()["error"]["code"] == "engine_error"
+
+    async def test_failure_mid_stream_is_an_error_event(self, bundle):
+        dispatcher = FakeDispatcher(lambda r: [tokens(r.request_id, 7, 8)])
+        d = deps(bundle, FakeRouter([1]), dispatcher)
+        http = FakeHttp()
+        serving = asyncio.create_task(serve(d, CHAT, chat_body(stream=True), 0.0, http))
+        while not http.writes:
+            await asyncio.sleep(0.01)
+        rid = dispatcher.requests[0].request_id
+        dispatcher.streams[0].queue.put_nowait(failed(rid, 1, errors.ENGINE_ERROR))
+        assert await serving == 200
+        events = http.events()
+        assert events[-2]["error"]["code"] == "engine_error" and events[-1] == "[DONE]"
+
+    async def test_no_worker(self, bundle):
+        d = deps(bundle, FakeRouter([]), FakeDispatcher(lambda r: []))
+        status, http = await run(d, chat_body())
+        assert status == 503
+
+    async def test_unknown_model_and_bad_body(self, bundle):
+        d = deps(bundle, FakeRouter([1]), FakeDispatcher(lambda r: []))
+        status, http = await run(d, chat_body(model="nope"))
+        assert status == 404 and http.json()["error"]["code"] == "model_not_found"
+        status, http = await run(d, b"{")
+        assert status == 400 and http.json()["error"]["code"] == "invalid_json"
+
+    async def test_cancelled_request_aborts_its_attempt(self, bundle):
+        dispatcher = FakeDispatcher(lambda r: [tokens(r.request_id, 7)])
+        d = deps(bundle, FakeRouter([1]), dispatcher)
+        serving = asyncio.create_task(run(d, chat_body(stream=True)))
+        while not dispatcher.streams:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        serving.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await serving
+        assert dispatcher.streams[0].cancelled
+
+
+class TestPromptLimits:
+    async def test_a_huge_prompt_is_refused_before_tokenizing(self, bundle):
+        d = deps(bundle, FakeRouter([1]), FakeDispatcher(lambda r: []), context_length=1024)
+        text = "word " * 2_000_000  # 10 MB
+        misses = bundle.prompts.misses
+        status, http = await run(d, chat_body(messages=[{"role": "user", "content": text}]))
+        assert bundle.prompts.misses == misses  # no piece of it was tokenized
+        assert status == 400
+        error = http.json()["error"]
+        assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
+        assert "at least" in error["message"]
+        assert not d.dispatcher.requests
+
+    async def test_a_long_prompt_is_refused_from_a_prefix(self, bundle):
+        """Under the byte bound but far over the context: refused from a prefix's count."""
+        d = deps(bundle, FakeRouter([1]), FakeDispatcher(lambda r: []), context_length=1024)
+        text = "x y " * 20_000  # 80 kB of one-character words: ~40k tokens
+        status, http = await run(d, chat_body(messages=[{"role": "user", "content": text}]))
+        assert status == 400
+        assert http.json()["error"]["code"] == "context_length_exceeded"
