@@ -247,8 +247,13 @@ class DealerClient:
             self._sock.close(linger=0)
 
 
+class ConnectionLost(ConnectionError):
+    """The connection to the service dropped while the call waited for its reply."""
+
+
 class RequestReplyClient(DealerClient):
-    """One reply per request, matched by `key(reply)`."""
+    """One reply per request, matched by `key(reply)`. Calls waiting when the connection
+    drops fail at once with ConnectionLost (the service died: its answer will never come)."""
 
     def __init__(
         self,
@@ -262,7 +267,8 @@ class RequestReplyClient(DealerClient):
         self._waiters: dict[str, asyncio.Future[Any]] = {}
 
     async def call(self, request_id: str, message: Any, timeout: float) -> Any:
-        """Send and wait for the reply; raises TimeoutError when none comes in time."""
+        """Send and wait for the reply; raises TimeoutError when none comes in time and
+        ConnectionLost when the connection drops meanwhile."""
         self.start()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiters[request_id] = future
@@ -277,3 +283,9 @@ class RequestReplyClient(DealerClient):
         future = self._waiters.pop(self._key(reply), None)
         if future is not None and not future.done():
             future.set_result(reply)
+
+    def on_disconnect(self) -> None:
+        waiters, self._waiters = self._waiters, {}
+        for future in waiters.values():
+            if not future.done():
+                future.set_exception(ConnectionLost(f"lost connection to {self.endpoint}"))

@@ -22,6 +22,8 @@ from switchyard.protos.messages import (
     GenerateFailed,
     GenerateRequest,
     InstanceAdded,
+    InstanceEvent,
+    InstanceRemoved,
 )
 
 log = logging.getLogger(__name__)
@@ -32,13 +34,16 @@ class DispatcherService:
         self.bind = bind
         self.metrics = DispatcherMetrics()
         self.pool = ChannelPool()
-        self.fleet = FleetClient(fleet_control, fleet_events, on_change=self.pool.apply)
+        self.fleet = FleetClient(fleet_control, fleet_events, on_change=self._on_fleet_change)
         self._ctx = zmq.asyncio.Context()
         self._io: LoopSocket | None = None
         self._outbox: Outbox | None = None
         # (peer identity, request id) -> its generation task
         self._tasks: dict[tuple[bytes, str], asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
+        # Instances reported down and not seen again since: one report per transition, not
+        # one per stream that failed on them.
+        self._reported_down: set[int] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
         sock = new_socket(self._ctx, zmq.ROUTER, bind=self.bind, sync=True)
@@ -71,7 +76,21 @@ class DispatcherService:
             return
         peer, message = routed
         if isinstance(message, GenerateRequest):
-            self._start(peer, message)
+            try:
+                self._start(peer, message)
+            except Exception as exc:  # whatever it is, the caller gets its final reply
+                log.exception("cannot start request_id=%s", message.request_id)
+                self.metrics.errors.labels(errors.ENGINE_ERROR).inc()
+                assert self._outbox is not None
+                self._outbox.post(
+                    peer,
+                    GenerateFailed(
+                        request_id=message.request_id,
+                        instance_id=message.instance_id,
+                        kind=errors.ENGINE_ERROR,
+                        message=f"internal error in the dispatcher: {type(exc).__name__}: {exc}",
+                    ),
+                )
         elif isinstance(message, CancelRequest):
             task = self._tasks.get((peer, message.request_id))
             if task is not None:
@@ -119,7 +138,19 @@ class DispatcherService:
 
         task.add_done_callback(done)
 
+    def _on_fleet_change(self, events: list[InstanceEvent]) -> None:
+        self.pool.apply(events)
+        for event in events:
+            if not isinstance(event, InstanceRemoved):  # back (or changed): report it again
+                self._reported_down.discard(event.instance.instance_id)
+
     def _report_down(self, instance_id: int, kind: str, detail: str) -> None:
+        if instance_id in self._reported_down:
+            return
+        self._reported_down.add(instance_id)
+        log.warning(
+            "reporting instance down instance_id=%d kind=%s: %s", instance_id, kind, detail
+        )
         self._spawn(self.fleet.report_down(instance_id, kind, detail))
 
     def _spawn(self, coro) -> None:

@@ -47,7 +47,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--stream-idle-timeout",
         type=float,
         default=60.0,
-        help="seconds without a reply after which a stream counts as failed",
+        help="seconds to wait for a stream's first token (a long prompt's prefill) before "
+        "it counts as failed and migrates",
+    )
+    parser.add_argument(
+        "--stream-gap-timeout",
+        type=float,
+        default=5.0,
+        help="seconds without a token, once tokens flow, after which a stream counts as "
+        "failed and migrates (a frozen engine)",
+    )
+    parser.add_argument(
+        "--dispatcher-wait",
+        type=float,
+        default=30.0,
+        help="seconds a stream waits for a dispatcher when none is connected (one restarting)",
     )
     parser.add_argument("--migration-limit", type=int, default=3)
     parser.add_argument(
@@ -91,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
         tokenizer_dirs=per_model,
         route_timeout=args.route_timeout,
         stream_idle_timeout=args.stream_idle_timeout,
+        stream_gap_timeout=args.stream_gap_timeout,
+        dispatcher_wait=args.dispatcher_wait,
         migration_limit=args.migration_limit,
         tokenize_offload_chars=args.tokenize_offload_chars,
         # Sharing the port: listen once ready, so the kernel picks only ready processes.

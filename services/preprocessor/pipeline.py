@@ -2,7 +2,8 @@
 
 `Pipeline.generate` yields TokenDelta messages and then one GenerateFinished whose counts cover
 the whole request, whatever happened on the way. A migratable fault (engine unreachable,
-stream cut or silent for `idle_timeout`, engine overloaded) re-routes the request, excluding
+stream cut, no first token for `idle_timeout` or a gap of `gap_timeout` between tokens: a
+frozen engine, engine overloaded) re-routes the request, excluding
 the instances that failed, and resends prompt + tokens generated so far with max_tokens
 reduced: the engines are deterministic per context, so the caller sees one stream.
 """
@@ -66,17 +67,22 @@ class Pipeline:
         *,
         route_timeout: float = 5.0,
         idle_timeout: float = 60.0,
+        gap_timeout: float | None = None,
         migration_limit: int = 3,
         busy_seconds: float = 1.0,
         on_migration: Callable[[str], None] | None = None,
         on_router_fallback: Callable[[], None] | None = None,
         instances: Callable[[], Mapping[int, Instance]] | None = None,
         hop_attempts: int = 2,
+        on_internal_error: Callable[[str], None] | None = None,
     ) -> None:
         self.router = router
         self.dispatcher = dispatcher
         self.route_timeout = route_timeout
-        self.idle_timeout = idle_timeout
+        self.idle_timeout = idle_timeout  # until an attempt's first token (a long prefill)
+        # Between tokens once they flow: a gap of seconds means a frozen engine.
+        self.gap_timeout = idle_timeout if gap_timeout is None else gap_timeout
+        self.on_internal_error = on_internal_error
         self.migration_limit = migration_limit
         self.busy_seconds = busy_seconds
         self.on_migration = on_migration
@@ -118,13 +124,10 @@ class Pipeline:
         return reply
 
     async def _open(self, request: GenerateRequest) -> GenerationStream:
-        try:
+        try:  # waits (bounded) for a replica while the only dispatcher restarts
             return await self.dispatcher.open(request)
-        except NoDispatcher:
-            # A dispatcher restarting: give the replicas a moment to come back.
-            if await self.dispatcher.wait_connected(self.route_timeout):
-                return await self.dispatcher.open(request)
-            raise NoWorker("no_dispatcher", "no dispatcher is reachable") from None
+        except NoDispatcher as exc:
+            raise NoWorker("no_dispatcher", str(exc)) from None
 
     async def generate(self, inp: GenerationInput) -> AsyncIterator[TokenDelta | GenerateFinished]:
         generated: list[int] = []
@@ -160,10 +163,13 @@ class Pipeline:
             failure = None
             engine_done = False  # the dispatcher sent its last reply for this attempt
             first = True
+            wait = self.idle_timeout  # for the first token; then gap_timeout between tokens
             stream: GenerationStream | HopStream
             if pair is not None:
                 hops += 1
-                stream = await open_hop(self._open, request, *pair, self.idle_timeout)
+                stream = await open_hop(
+                    self._open, request, *pair, self.idle_timeout, self.on_internal_error
+                )
             else:
                 stream = await self._open(request)
             try:
@@ -177,7 +183,7 @@ class Pipeline:
                         elif queue.empty():
                             # asyncio.timeout, not wait_for: wait_for (3.11) can swallow a
                             # cancellation (the client went away) that races a reply.
-                            async with asyncio.timeout(self.idle_timeout):
+                            async with asyncio.timeout(wait):
                                 reply = await get()
                         else:  # replies already here: no timer to arm per token
                             reply = queue.get_nowait()
@@ -186,7 +192,7 @@ class Pipeline:
                             request_id=attempt_id,
                             instance_id=instance_id,
                             kind=errors.DISCONNECTED,
-                            message=f"no reply for {self.idle_timeout:g}s",
+                            message=f"no reply for {wait:g}s",
                         )
                         break
                     if type(reply) is TokenDelta:
@@ -205,6 +211,7 @@ class Pipeline:
                         yield reply
                         if first:  # told after the client has its first token, not before
                             first = False
+                            wait = self.gap_timeout
                             await self.router.progress(
                                 inp.request_id, instance_id, STAGE_FIRST_TOKEN, final=False
                             )

@@ -13,7 +13,10 @@ deltas, then one GenerateFinished or GenerateFailed), carrying only the decode l
 A failure of the hop before the decode leg's first token (a prefill leg failing, a decode leg
 whose KV transfer failed, a silent leg) is reported as a migratable GenerateFailed naming the
 prefill instance, so the pipeline re-routes without it; other decode-leg failures pass as they
-are. Every wait is bounded by the pipeline's idle timeout.
+are. Every wait is bounded by the pipeline's idle timeout. Whatever goes wrong inside the
+hop's own tasks, the pipeline gets a final reply: an unforeseen exception becomes one
+GenerateFailed of kind `engine_error` (logged with its traceback, counted through
+`on_internal_error`), never a hop that stays silent until the idle timeout.
 """
 
 from __future__ import annotations
@@ -89,10 +92,17 @@ def _transfer_failure(reply: GenerateFailed) -> bool:
 class HopStream:
     """The decode leg's replies in `queue`; `cancel` stops both legs."""
 
-    def __init__(self, request: GenerateRequest, prefill: Instance, idle_timeout: float) -> None:
+    def __init__(
+        self,
+        request: GenerateRequest,
+        prefill: Instance,
+        idle_timeout: float,
+        on_internal_error: Callable[[str], None] | None = None,
+    ) -> None:
         self.request = request
         self.prefill = prefill
         self.idle_timeout = idle_timeout
+        self.on_internal_error = on_internal_error
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.started = False  # the decode leg produced a token
         self.done = False  # a final message is in the queue
@@ -143,8 +153,37 @@ class HopStream:
         except TimeoutError:
             return None
 
+    def _internal_error(self, exc: Exception) -> None:
+        """A bug, not a fault of the engines: fail the request (not migratable), once."""
+        log.error(
+            "prefill hop failed unexpectedly request_id=%s prefill_instance_id=%d",
+            self.request.request_id,
+            self.prefill.instance_id,
+            exc_info=exc,
+        )
+        if self.on_internal_error is not None:
+            self.on_internal_error("prefill_hop")
+        if not self.done:
+            self.done = True
+            self.queue.put_nowait(
+                GenerateFailed(
+                    request_id=self.request.request_id,
+                    instance_id=self.prefill.instance_id,
+                    kind=errors.ENGINE_ERROR,
+                    message=f"internal error in the prefill hop: {type(exc).__name__}: {exc}",
+                )
+            )
+
+    async def _guarded(self, coro: Any) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._internal_error(exc)
+
     def _spawn(self, coro: Any) -> None:
-        self._tasks.append(asyncio.create_task(coro))
+        self._tasks.append(asyncio.create_task(self._guarded(coro)))
 
     async def cancel(self) -> None:
         for task in self._tasks:
@@ -182,7 +221,7 @@ class _SglangHop(HopStream):
             raise
         self._legs = [decode_leg, prefill_leg]
         self._spawn(self._forward(decode_leg))
-        drain = asyncio.create_task(self._drain(prefill_leg, decode_leg))
+        drain = asyncio.create_task(self._guarded(self._drain(prefill_leg, decode_leg)))
         _background.add(drain)
         drain.add_done_callback(_background.discard)
 
@@ -219,7 +258,7 @@ class _VllmHop(HopStream):
             await self._legs_in_turn(open_stream, decode)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # e.g. no dispatcher: fail the hop, never hang
+        except errors.SwitchyardError as exc:  # e.g. no dispatcher: fail the hop, never hang
             self._fail(errors.DISCONNECTED, f"{type(exc).__name__}: {exc}")
 
     async def _legs_in_turn(self, open_stream: Opener, decode: Instance) -> None:
@@ -279,12 +318,13 @@ async def open_hop(
     prefill: Instance,
     decode: Instance,
     idle_timeout: float,
+    on_internal_error: Callable[[str], None] | None = None,
 ) -> HopStream:
     """Start the hop for `request` (addressed to the decode instance)."""
     hop: _SglangHop | _VllmHop
     if prefill.protocol == PROTOCOL_SGLANG:
-        hop = _SglangHop(request, prefill, idle_timeout)
+        hop = _SglangHop(request, prefill, idle_timeout, on_internal_error)
     else:
-        hop = _VllmHop(request, prefill, idle_timeout)
+        hop = _VllmHop(request, prefill, idle_timeout, on_internal_error)
     await hop.start(open_stream, decode)
     return hop

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import asyncio
 import hashlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -124,7 +125,21 @@ class EngineClient(abc.ABC):
         last chunk's tokens, so its output ids count only when not streaming. Completion
         tokens are counted here: SGLang's counts are cumulative, vLLM's per chunk."""
         request_id = request.request_id
-        call = self.stub.Generate(self.build_request(request))
+        try:
+            message = self.build_request(request)
+        except (ValueError, TypeError, OverflowError) as exc:
+            # A value the family's proto field cannot hold (top_k >= 2^31 in an int32, ...).
+            raise EngineError(
+                errors.BAD_REQUEST,
+                f"the engine protocol cannot take this request: {exc}",
+                self.instance_id,
+            ) from exc
+        try:
+            call = self.stub.Generate(message)
+        except grpc.aio.UsageError as exc:  # the channel was closed (instance removed)
+            raise EngineError(
+                errors.DISCONNECTED, f"channel closed: {exc}", self.instance_id
+            ) from exc
         generated = 0
         try:
             async for reply in call:
@@ -151,6 +166,14 @@ class EngineClient(abc.ABC):
                     return
         except grpc.aio.AioRpcError as exc:
             raise self._error(exc) from exc
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the caller cancelled
+            # grpc.aio cancels the calls of a channel that is closed under them.
+            raise EngineError(
+                errors.DISCONNECTED, "the channel to the engine was closed", self.instance_id
+            ) from None
         finally:
             call.cancel()
         raise EngineError(errors.DISCONNECTED, "stream ended without complete", self.instance_id)
