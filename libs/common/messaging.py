@@ -14,6 +14,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from switchyard.common.ports import PortRange, zmq_bind
 from switchyard.protos.codec import encode
 
 log = logging.getLogger(__name__)
@@ -26,9 +27,11 @@ def new_socket(
     bind: str | None = None,
     connect: list[str] | tuple[str, ...] = (),
     sync: bool = False,
+    ports: PortRange | None = None,
 ) -> Any:
     """A socket with the options every service wants; `sync=True` gives a plain (blocking API)
-    socket even from an asyncio context, for `LoopSocket`."""
+    socket even from an asyncio context, for `LoopSocket`. A `bind` endpoint with port 0
+    binds a free port of `ports` (see common.ports; `bound_endpoint(sock)` tells which)."""
     sock = zmq.Socket(ctx, kind) if sync else ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     # Unbounded queues: a slow peer must not silently drop per-token messages.
@@ -38,10 +41,20 @@ def new_socket(
         # Fail loudly instead of dropping a reply to a peer that went away.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     if bind:
-        sock.bind(bind)
+        try:
+            zmq_bind(sock, bind, ports)
+        except BaseException:
+            sock.close(linger=0)
+            raise
     for endpoint in connect:
         sock.connect(endpoint)
     return sock
+
+
+def bound_endpoint(sock: Any) -> str:
+    """The endpoint a socket bound last (its port resolved)."""
+    last = sock.getsockopt(zmq.LAST_ENDPOINT)
+    return last.decode() if isinstance(last, bytes) else str(last)
 
 
 def decode_routed(

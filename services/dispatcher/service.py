@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import zmq
 import zmq.asyncio
 
 from switchyard.common import errors
 from switchyard.common.fleet_client import FleetClient
-from switchyard.common.messaging import LoopSocket, decode_routed, new_socket
+from switchyard.common.messaging import LoopSocket, bound_endpoint, decode_routed, new_socket
+from switchyard.common.ports import PortRange
 from switchyard.dispatcher.channels import ChannelPool
 from switchyard.dispatcher.metrics import DispatcherMetrics
 from switchyard.dispatcher.outbox import Outbox
@@ -45,8 +47,19 @@ class DispatcherService:
         # one per stream that failed on them.
         self._reported_down: set[int] = set()
 
-    async def run(self, stop: asyncio.Event) -> None:
-        sock = new_socket(self._ctx, zmq.ROUTER, bind=self.bind, sync=True)
+    async def run(
+        self,
+        stop: asyncio.Event,
+        *,
+        ports: PortRange | None = None,
+        on_bound: Callable[[str], None] | None = None,
+    ) -> None:
+        """Serve until `stop`; `on_bound(endpoint)` once the socket is bound (a port 0 in
+        `bind` searched in `ports`)."""
+        sock = new_socket(self._ctx, zmq.ROUTER, bind=self.bind, sync=True, ports=ports)
+        self.bind = bound_endpoint(sock)
+        if on_bound is not None:
+            on_bound(self.bind)
         await self.fleet.start()
         self.pool.apply(
             [
@@ -148,9 +161,7 @@ class DispatcherService:
         if instance_id in self._reported_down:
             return
         self._reported_down.add(instance_id)
-        log.warning(
-            "reporting instance down instance_id=%d kind=%s: %s", instance_id, kind, detail
-        )
+        log.warning("reporting instance down instance_id=%d kind=%s: %s", instance_id, kind, detail)
         self._spawn(self.fleet.report_down(instance_id, kind, detail))
 
     def _spawn(self, coro) -> None:

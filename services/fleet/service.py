@@ -31,6 +31,7 @@ import zmq.asyncio
 from switchyard.common.engines import EngineInfo
 from switchyard.common.errors import EngineError
 from switchyard.common.instance_diff import diff_instances, index_instances
+from switchyard.common.ports import PortRange, zmq_bind
 from switchyard.common.workers import WorkerSpec
 from switchyard.fleet.metrics import FleetMetrics
 from switchyard.fleet.prober import Prober
@@ -69,8 +70,10 @@ class FleetService:
         prober: Prober | None = None,
         context: zmq.asyncio.Context | None = None,
         initial_version: int | None = None,
+        ports: PortRange | None = None,
     ) -> None:
         self._source = source
+        self._ports = ports  # where a port 0 in `control` / `events` is searched
         self._control_endpoint = control
         self._events_endpoint = events
         self._probe_interval = probe_interval
@@ -101,6 +104,15 @@ class FleetService:
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
+    def control_endpoint(self) -> str:
+        """The control endpoint (bound: a port 0 resolved, once started)."""
+        return self._control_endpoint
+
+    @property
+    def events_endpoint(self) -> str:
+        return self._events_endpoint
+
+    @property
     def version(self) -> int:
         return self._version
 
@@ -124,10 +136,10 @@ class FleetService:
                 self._context = zmq.asyncio.Context()
             self._router = self._context.socket(zmq.ROUTER)
             self._router.setsockopt(zmq.LINGER, 0)
-            self._router.bind(self._control_endpoint)
+            self._control_endpoint = zmq_bind(self._router, self._control_endpoint, self._ports)
             self._pub = self._context.socket(zmq.PUB)
             self._pub.setsockopt(zmq.LINGER, 0)
-            self._pub.bind(self._events_endpoint)
+            self._events_endpoint = zmq_bind(self._pub, self._events_endpoint, self._ports)
         except BaseException:
             await self.close()
             raise

@@ -16,13 +16,26 @@ from switchyard.common import errors
 from switchyard.common.errors import EngineError
 from switchyard.protos.messages import GenerateFinished, GenerateRequest, TokenDelta
 
+# Keepalive: a frozen engine (SIGSTOP, a hung host) keeps its TCP connection open, so only
+# an unanswered HTTP/2 ping shows it: the transport closes and its calls fail UNAVAILABLE
+# (cannot_connect: instance down, migrate). The stock servers accept a ping every 10 s
+# without data (SGLang: min_ping_interval_without_data_ms 10000, permit_without_calls, and
+# the default 2 ping strikes before GOAWAY too_many_pings; vLLM 0.30+: the same with
+# max_ping_strikes 0). Pings come every 12 s (margin over the 10 s floor, so no strike
+# ever) and only while calls are open: that is when a frozen engine costs something, and
+# older vLLM servers (a misspelt option left them at 300 s) then strike nothing on idle
+# channels. A frozen engine is noticed within 12 + 4 s; streams notice it sooner through
+# the preprocessor's gap timeout.
+KEEPALIVE_TIME_MS = 12_000
+KEEPALIVE_TIMEOUT_MS = 4_000
+
 # Tokenizer zips and server info can be several MB; generation messages are small.
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.keepalive_permit_without_calls", 0),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.enable_retries", 0),
     # Reconnect quickly after an engine restarts (the default backoff grows to 120 s).
