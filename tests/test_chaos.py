@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import httpx
 import openai
-from e2e_stack import Processes, free_port, wait_until
+from e2e_stack import LOCAL, Processes, wait_until
 
 MODEL = "deepseek-mock"
 STREAMS = 32
@@ -26,10 +26,29 @@ MAX_TOKENS = 40
 class Stack:
     procs: Processes
     base: str
-    engines: dict[str, list[str]]  # name -> its command line (to restart it)
+    engines: dict[str, list[str]]  # name -> its command line, on the ports it bound
 
     def restart(self, name: str) -> None:
-        self.procs.start(name, *self.engines[name])
+        self.procs.serve(name, *self.engines[name])
+
+
+def engine_argv(protocol: str, extra=(), port=0, events=LOCAL, replay=LOCAL) -> list[str]:
+    return [
+        "mock-engine",
+        "--protocol",
+        protocol,
+        "--port",
+        str(port),
+        "--itl-ms",
+        "25",
+        "--ttft-ms",
+        "5",
+        "--kv-events-endpoint",
+        events,
+        "--kv-replay-endpoint",
+        replay,
+        *extra,
+    ]
 
 
 @contextlib.contextmanager
@@ -39,72 +58,67 @@ def chaos_stack(
     routers=1,
     engine_args=None,
     idle_timeout=3.0,
+    preprocessor_args=(),
 ):
-    """`engine_args`: engine index -> extra mock-engine flags (fault injection)."""
+    """`engine_args`: engine index -> extra mock-engine flags (fault injection). Every process
+    binds its own ports (port 0) and reports them; restarts reuse them."""
     engine_args = engine_args or {}
-    control, events = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
-    fleet_flags = ["--fleet-control", control, "--fleet-events", events]
-    http = free_port()
     with Processes() as procs:
         engines: dict[str, list[str]] = {}
         workers = []
+        started = {
+            f"engine-{n}": procs.start_ready(
+                f"engine-{n}", *engine_argv(protocol, engine_args.get(n, ()))
+            )
+            for n, protocol in enumerate(protocols)
+        }
         for n, protocol in enumerate(protocols):
-            port, pub, replay = free_port(), free_port(), free_port()
-            argv = [
-                "mock-engine",
-                "--protocol",
-                protocol,
-                "--port",
-                str(port),
-                "--itl-ms",
-                "25",
-                "--ttft-ms",
-                "5",
-                "--kv-events-endpoint",
-                f"tcp://127.0.0.1:{pub}",
-                "--kv-replay-endpoint",
-                f"tcp://127.0.0.1:{replay}",
-                *engine_args.get(n, ()),
-            ]
-            engines[f"engine-{n}"] = argv
-            procs.start(f"engine-{n}", *argv)
+            name = f"engine-{n}"
+            r = started[name].result()
+            engines[name] = engine_argv(
+                protocol, engine_args.get(n, ()), r["port"], r["kv_events"], r["kv_replay"]
+            )
             workers += [
                 "--worker",
-                f"grpc://127.0.0.1:{port}?kv_events=tcp://127.0.0.1:{pub}"
-                f"&kv_replay=tcp://127.0.0.1:{replay}",
+                f"grpc://127.0.0.1:{r['port']}?kv_events={r['kv_events']}"
+                f"&kv_replay={r['kv_replay']}",
             ]
-        procs.start(
+        fleet = procs.serve(
             "fleet",
             "fleet",
             "--control",
-            control,
+            LOCAL,
             "--events",
-            events,
+            LOCAL,
             "--probe-interval",
             "0.5",
             *workers,
         )
-        router_eps = [f"tcp://127.0.0.1:{free_port()}" for _ in range(routers)]
-        for n, endpoint in enumerate(router_eps):
-            procs.start(f"router-{n}", "router", "--bind", endpoint, *fleet_flags)
-        dispatcher_eps = [f"tcp://127.0.0.1:{free_port()}" for _ in range(dispatchers)]
-        for n, endpoint in enumerate(dispatcher_eps):
-            procs.start(f"dispatcher-{n}", "dispatcher", "--bind", endpoint, *fleet_flags)
+        fleet_flags = ["--fleet-control", fleet["control"], "--fleet-events", fleet["events"]]
+        router_eps = [
+            procs.serve(f"router-{n}", "router", "--bind", LOCAL, *fleet_flags)["bind"]
+            for n in range(routers)
+        ]
+        dispatcher_eps = [
+            procs.serve(f"dispatcher-{n}", "dispatcher", "--bind", LOCAL, *fleet_flags)["bind"]
+            for n in range(dispatchers)
+        ]
         pre = [
             "preprocessor",
             "--port",
-            str(http),
+            "0",
             "--stream-idle-timeout",
             str(idle_timeout),
             "--route-timeout",
             "1",
+            *preprocessor_args,
             *fleet_flags,
         ]
         for endpoint in router_eps:
             pre += ["--router", endpoint]
         for endpoint in dispatcher_eps:
             pre += ["--dispatcher", endpoint]
-        procs.start("preprocessor", *pre)
+        http = procs.serve("preprocessor", *pre)["port"]
         base = f"http://127.0.0.1:{http}"
         stack = Stack(procs, base, engines)
         try:
@@ -275,13 +289,19 @@ def fault_free_outputs() -> list[Outcome]:
         return asyncio.run(run_streams(stack.base))
 
 
-def test_hung_engine_streams_migrate_after_the_idle_timeout():
+def test_hung_engine_streams_migrate_after_the_gap_timeout():
+    """An engine that stops sending mid-stream: the gap timeout (between tokens), not the
+    first-token idle timeout, moves its streams."""
     expected = fault_free_outputs()
-    with chaos_stack(engine_args={0: ["--hang-after-tokens", "5"]}, idle_timeout=2) as stack:
+    with chaos_stack(
+        engine_args={0: ["--hang-after-tokens", "5"]},
+        idle_timeout=30,
+        preprocessor_args=("--stream-gap-timeout", "1"),
+    ) as stack:
         got = asyncio.run(run_streams(stack.base))
         check_identical(expected, got)
         log = stack.procs.log("preprocessor")
-        assert "kind=disconnected after 5 tokens: no reply for 2s" in log
+        assert "kind=disconnected after 5 tokens: no reply for 1s" in log
 
 
 def test_overloaded_engine_is_avoided():
