@@ -136,3 +136,46 @@ class TestMigration:
         assert calls == [1, 1]
         assert router.excluded == [[], []]
         assert items[-1].completion_tokens == 1
+
+
+class TestTimeouts:
+    """Issue 14: a frozen engine stalled its streams for the whole first-token idle timeout;
+    once tokens flow, the (short) gap timeout applies instead."""
+
+    async def test_a_silent_stream_after_its_first_token_migrates_after_the_gap_timeout(self):
+        def script(req):
+            if req.request_id == "r":  # the first attempt: one token, then silence
+                return [TokenDelta("r", [7])]
+            return [TokenDelta(req.request_id, [8, 9, 10, 11]), done(req.request_id)]
+
+        dispatcher = FakeDispatcher(script)
+        pipeline = Pipeline(FakeRouter([1, 2]), dispatcher, idle_timeout=60.0, gap_timeout=0.05)
+        async with asyncio.timeout(10):  # bounded: the 60 s idle timeout never applies
+            items = await collect(pipeline)
+        tokens = [t for item in items if isinstance(item, TokenDelta) for t in item.token_ids]
+        assert tokens == [7, 8, 9, 10, 11]
+        assert dispatcher.requests[1].token_ids == [1, 2, 3, 7]  # prompt + tokens so far
+        assert isinstance(items[-1], GenerateFinished)
+
+    async def test_the_first_token_may_take_up_to_the_idle_timeout(self):
+        class SlowStart(FakeStream):
+            def __init__(self, request_id):
+                super().__init__([])
+
+                async def later():
+                    await asyncio.sleep(0.3)  # longer than the gap timeout
+                    self.queue.put_nowait(TokenDelta(request_id, [5]))
+                    self.queue.put_nowait(done(request_id))
+
+                self.task = asyncio.ensure_future(later())
+
+        class Dispatcher(FakeDispatcher):
+            async def open(self, request):
+                self.requests.append(request)
+                return SlowStart(request.request_id)
+
+        dispatcher = Dispatcher(None)
+        pipeline = Pipeline(FakeRouter([1]), dispatcher, idle_timeout=30.0, gap_timeout=0.05)
+        items = await collect(pipeline)
+        assert len(dispatcher.requests) == 1  # no migration
+        assert isinstance(items[-1], GenerateFinished)

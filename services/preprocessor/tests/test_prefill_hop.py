@@ -173,3 +173,43 @@ async def test_vllm_prefill_ending_on_eos_is_the_whole_answer():
     out = await drain(hop)
     assert [type(r) for r in out] == [TokenDelta, GenerateFinished]
     assert out[0].request_id == "r" and len(fake.opened) == 1
+
+
+class TestNoSilentDeath:
+    """Issue 14: an exception nobody foresaw inside a hop task killed it without a reply,
+    and the pipeline waited for the idle timeout."""
+
+    async def test_a_bug_in_a_hop_task_becomes_one_engine_error_reply(self, caplog):
+        class BrokenQueue:
+            async def get(self):
+                raise RuntimeError("bug")
+
+        class Dispatcher(FakeDispatcher):
+            async def open(self, request):
+                stream = await super().open(request)
+                if not request.request_id.endswith(PREFILL_SUFFIX):
+                    stream.queue = BrokenQueue()  # the decode leg's reader trips
+                return stream
+
+        def script(req):
+            if req.request_id.endswith(PREFILL_SUFFIX):
+                return [finished(req.request_id, params=json.dumps({"remote_host": "h"}))]
+            return []
+
+        for protocol, bootstrap in (("sglang", 8998), ("vllm", None)):
+            counted: list[str] = []
+            hop = await open_hop(
+                Dispatcher(script).open,
+                request(),
+                inst(1, protocol, bootstrap),
+                inst(2, protocol),
+                30.0,
+                counted.append,
+            )
+            async with asyncio.timeout(10):  # far below the 30 s idle timeout
+                reply = await hop.queue.get()
+            hop.close()
+            assert isinstance(reply, GenerateFailed), protocol
+            assert reply.kind == errors.ENGINE_ERROR and "RuntimeError: bug" in reply.message
+            assert counted == ["prefill_hop"], protocol
+        assert "prefill hop failed unexpectedly request_id=r" in caplog.text
