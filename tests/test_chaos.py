@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import time
 from dataclasses import dataclass
 
@@ -183,12 +184,12 @@ async def one_stream(
     return Outcome("".join(parts), finish, usage.completion_tokens if usage else -1)
 
 
-async def run_streams(base: str, fault=None) -> list[Outcome]:
+async def run_streams(base: str, fault=None, timeout: float = 120) -> list[Outcome]:
     """32 concurrent streams; `fault()` runs once every stream has its first token."""
     started = asyncio.Event()
     counter = [0]
     async with openai.AsyncOpenAI(
-        base_url=base + "/v1", api_key="none", max_retries=0, timeout=120
+        base_url=base + "/v1", api_key="none", max_retries=0, timeout=timeout
     ) as client:
         tasks = [
             asyncio.create_task(one_stream(client, n, started, counter)) for n in range(STREAMS)
@@ -246,6 +247,23 @@ def test_one_of_two_dispatchers_killed_mid_stream():
         got = asyncio.run(run_streams(stack.base, fault=kill_dispatcher))
         check_identical(expected, got)
         assert "went away" in stack.procs.log("preprocessor")
+
+
+def test_frozen_engine_streams_migrate():
+    """Issue 14: a SIGSTOPped engine keeps its connections open, and only the 60 s idle
+    timeout noticed; the gap timeout between tokens moves its streams within seconds."""
+    with chaos_stack(idle_timeout=60, preprocessor_args=("--stream-gap-timeout", "1")) as stack:
+        expected = asyncio.run(run_streams(stack.base))
+
+        def freeze_engine():
+            stack.procs.signal("engine-0", signal.SIGSTOP)
+
+        try:
+            got = asyncio.run(run_streams(stack.base, fault=freeze_engine, timeout=30))
+        finally:
+            stack.procs.signal("engine-0", signal.SIGCONT)
+        check_identical(expected, got)
+        assert "no reply for 1s" in stack.procs.log("preprocessor")
 
 
 def test_restarted_engine_is_readmitted_with_a_fresh_index():
