@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import httpx
 import openai
+import pytest
 from e2e_stack import LOCAL, Processes, wait_until
 
 MODEL = "deepseek-mock"
@@ -60,6 +61,7 @@ def chaos_stack(
     engine_args=None,
     idle_timeout=3.0,
     preprocessor_args=(),
+    dispatcher_args=(),
 ):
     """`engine_args`: engine index -> extra mock-engine flags (fault injection). Every process
     binds its own ports (port 0) and reports them; restarts reuse them."""
@@ -101,7 +103,9 @@ def chaos_stack(
             for n in range(routers)
         ]
         dispatcher_eps = [
-            procs.serve(f"dispatcher-{n}", "dispatcher", "--bind", LOCAL, *fleet_flags)["bind"]
+            procs.serve(
+                f"dispatcher-{n}", "dispatcher", "--bind", LOCAL, *fleet_flags, *dispatcher_args
+            )["bind"]
             for n in range(dispatchers)
         ]
         pre = [
@@ -249,10 +253,20 @@ def test_one_of_two_dispatchers_killed_mid_stream():
         assert "went away" in stack.procs.log("preprocessor")
 
 
-def test_frozen_engine_streams_migrate():
+@pytest.mark.parametrize(
+    ("noticed_by", "preprocessor_args", "dispatcher_args"),
+    [
+        ("gap timeout", ("--stream-gap-timeout", "1"), ("--stall-timeout", "0")),
+        ("stall watch", ("--stream-gap-timeout", "30"), ("--stall-timeout", "1")),
+    ],
+)
+def test_frozen_engine_streams_migrate(noticed_by, preprocessor_args, dispatcher_args):
     """Issue 14: a SIGSTOPped engine keeps its connections open, and only the 60 s idle
-    timeout noticed; the gap timeout between tokens moves its streams within seconds."""
-    with chaos_stack(idle_timeout=60, preprocessor_args=("--stream-gap-timeout", "1")) as stack:
+    timeout noticed. The preprocessor's gap timeout between tokens, or the dispatcher's
+    watch of an engine silent on every stream, moves its streams within seconds."""
+    with chaos_stack(
+        idle_timeout=60, preprocessor_args=preprocessor_args, dispatcher_args=dispatcher_args
+    ) as stack:
         expected = asyncio.run(run_streams(stack.base))
 
         def freeze_engine():
@@ -263,7 +277,10 @@ def test_frozen_engine_streams_migrate():
         finally:
             stack.procs.signal("engine-0", signal.SIGCONT)
         check_identical(expected, got)
-        assert "no reply for 1s" in stack.procs.log("preprocessor")
+        if noticed_by == "gap timeout":
+            assert "no reply for 1s" in stack.procs.log("preprocessor")
+        else:
+            assert "stalled: the engine produced nothing for 1s" in stack.procs.log("dispatcher-0")
 
 
 def test_restarted_engine_is_readmitted_with_a_fresh_index():

@@ -2,5 +2,5 @@
 
 Layout: `channels` (one EngineClient per instance, opened on Added, closed on Removed),
 `streams` (one generation: engine stream -> neutral replies, abort on cancel),
-`service` (ZMQ), `cli`.
+`stall` (an engine silent on every stream), `service` (ZMQ), `cli`.
 """

@@ -17,6 +17,7 @@ from switchyard.common.ports import PortRange
 from switchyard.dispatcher.channels import ChannelPool
 from switchyard.dispatcher.metrics import DispatcherMetrics
 from switchyard.dispatcher.outbox import Outbox
+from switchyard.dispatcher.stall import StallWatch
 from switchyard.dispatcher.streams import run_generation
 from switchyard.protos import codec
 from switchyard.protos.messages import (
@@ -30,10 +31,21 @@ from switchyard.protos.messages import (
 
 log = logging.getLogger(__name__)
 
+DEFAULT_STALL_TIMEOUT = 5.0
+
 
 class DispatcherService:
-    def __init__(self, bind: str, fleet_control: str, fleet_events: str) -> None:
+    def __init__(
+        self,
+        bind: str,
+        fleet_control: str,
+        fleet_events: str,
+        stall_timeout: float | None = DEFAULT_STALL_TIMEOUT,
+    ) -> None:
         self.bind = bind
+        # None: off. Else an engine silent on every stream this long has its streams failed.
+        self.stall = StallWatch(stall_timeout) if stall_timeout else None
+        self._by_instance: dict[int, set[tuple[bytes, str]]] = {}
         self.metrics = DispatcherMetrics()
         self.pool = ChannelPool()
         self.fleet = FleetClient(fleet_control, fleet_events, on_change=self._on_fleet_change)
@@ -71,9 +83,12 @@ class DispatcherService:
         log.info("dispatcher ready bind=%s instances=%d", self.bind, len(self.pool))
         self._io = LoopSocket(sock, self._on_message, multipart=True)
         self._outbox = Outbox(self._io, self._peer_gone, self.metrics)
+        watchdog = asyncio.create_task(self._watch_stalls()) if self.stall else None
         try:
             await stop.wait()
         finally:
+            if watchdog is not None:
+                watchdog.cancel()
             self._io.close()
             tasks = list(self._tasks.values())
             for task in tasks:
@@ -133,6 +148,19 @@ class DispatcherService:
             )
             send(failed)
             return
+        if self.stall is not None:
+            # Per reply only a counter: the watchdog reads it (see stall.py).
+            activity = self.stall.activity(request.instance_id, asyncio.get_running_loop().time())
+            replied = False
+
+            def send(reply: object) -> None:
+                nonlocal replied
+                if not replied:
+                    replied = True
+                    activity.flowing += 1
+                activity.replies += 1
+                post(peer, reply)
+
         metrics = self.metrics
         in_flight = metrics.in_flight.labels(str(request.instance_id))
         on_error = metrics.errors.labels
@@ -142,14 +170,49 @@ class DispatcherService:
             )
         )
         self._tasks[key] = task
+        streams = self._by_instance.setdefault(request.instance_id, set())
+        streams.add(key)
         metrics.generations.inc()
         in_flight.inc()
 
         def done(_task: asyncio.Task[None]) -> None:
             self._tasks.pop(key, None)
+            streams.discard(key)
             in_flight.dec()
+            if self.stall is not None and replied:
+                activity.flowing -= 1
 
         task.add_done_callback(done)
+
+    async def _watch_stalls(self) -> None:
+        assert self.stall is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.stall.interval)
+            for instance_id in self.stall.check(loop.time()):
+                self._fail_stalled(instance_id)
+
+    def _fail_stalled(self, instance_id: int) -> None:
+        """Every stream on a silent engine fails now (migratable; the engine is reported)."""
+        assert self.stall is not None and self._outbox is not None
+        keys = [k for k in self._by_instance.get(instance_id, ()) if not self._tasks[k].done()]
+        message = f"the engine produced nothing for {self.stall.timeout:g}s on any stream"
+        log.warning(
+            "instance_id=%d stalled: %s; failing its %d stream(s)", instance_id, message, len(keys)
+        )
+        self._report_down(instance_id, errors.TIMEOUT, message)
+        for peer, request_id in keys:
+            self.metrics.errors.labels(errors.TIMEOUT).inc()
+            self._outbox.post(
+                peer,
+                GenerateFailed(
+                    request_id=request_id,
+                    instance_id=instance_id,
+                    kind=errors.TIMEOUT,
+                    message=message,
+                ),
+            )
+            self._tasks[(peer, request_id)].cancel()  # aborts on the engine, sends nothing
 
     def _on_fleet_change(self, events: list[InstanceEvent]) -> None:
         self.pool.apply(events)
