@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import random
 import time
@@ -206,7 +205,7 @@ class MockEngineServer:
         if config.protocol is EngineProtocol.SGLANG:
             publisher.publish_now([AllBlocksCleared()])  # SGLang's sequence 0 at start
         deps = ServicerDeps(
-            config=_with_bound_ports(config, transport),
+            config=config,
             facts=facts,
             engine=engine,
             kv_events=publisher,
@@ -266,22 +265,6 @@ class MockEngineServer:
         if self._zmq is not None:
             await self._zmq.stop()
         logger.info("mock engine stopped port=%d", self.port)
-
-
-def _with_bound_ports(config: MockEngineConfig, transport: KvZmqTransport) -> MockEngineConfig:
-    """The config as GetServerInfo shows it: a KV endpoint given with port 0 shows the port
-    it bound (the host stays as given, as SGLang shows its endpoints verbatim)."""
-
-    def resolved(given: str | None, bound: str | None) -> str | None:
-        if given is None or bound is None or not given.endswith(":0"):
-            return given
-        return given[: -len("0")] + bound.rsplit(":", 1)[1]
-
-    return dataclasses.replace(
-        config,
-        kv_events_endpoint=resolved(config.kv_events_endpoint, transport.bound_endpoint),
-        kv_replay_endpoint=resolved(config.kv_replay_endpoint, transport.bound_replay_endpoint),
-    )
 
 
 @contextlib.asynccontextmanager

@@ -10,7 +10,6 @@ import time
 import grpc
 
 from switchyard.common.engines.base import KEEPALIVE_TIME_MS
-from switchyard.common.engines.connect import connect
 from switchyard.mock_engine.config import MockEngineConfig
 from switchyard.mock_engine.server import start_mock_engine
 
@@ -46,21 +45,3 @@ class TestPingPolicy:
 
     def test_the_dispatcher_pings_no_faster_than_both_servers_accept(self):
         assert KEEPALIVE_TIME_MS > 10_000  # min_ping_interval_without_data_ms of both
-
-
-class TestAdvertisedKvEndpoints:
-    async def test_port_zero_endpoints_show_the_ports_they_bound(self):
-        """An SGLang engine advertises its KV endpoints in server_args; given port 0, the
-        bound ports (a consumer cannot dial port 0)."""
-        local = "tcp://127.0.0.1:0"
-        config = MockEngineConfig(
-            protocol="sglang", port=0, kv_events_endpoint=local, kv_replay_endpoint=local
-        )
-        async with start_mock_engine(config) as engine:
-            client = await connect(f"grpc://{engine.target}")
-            try:
-                info = await client.info(5)
-            finally:
-                await client.close()
-        assert info.kv_events_endpoint == engine.kv_events_endpoint != local
-        assert info.kv_replay_endpoint == engine.kv_replay_endpoint != local
