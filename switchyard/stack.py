@@ -4,8 +4,8 @@ Mock engines (when asked), fleet, router(s), dispatcher(s) and the preprocessor(
 over loopback. Started in stages (engines, fleet, routers and dispatchers, preprocessors),
 each child binds its own ports (port 0: a free one of --port-range) and reports them in a
 ready file, which the next stage is given: no port is picked by one process and bound by
-another. The HTTP port is held by `up` itself (SO_REUSEPORT) for the stack's lifetime, and
-the preprocessors share it. A child that crashes is restarted on the ports it had (see
+another. With several preprocessors, the HTTP port is held by `up` itself (SO_REUSEPORT) for
+the stack's lifetime, and they share it. A child that crashes is restarted on the ports it had (see
 supervisor); Ctrl-C or SIGTERM stops every child.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -281,7 +282,11 @@ class Launcher:
         middle = [(f"router-{i}", router(i)) for i in range(args.routers)]
         middle += [(f"dispatcher-{i}", dispatcher) for i in range(args.dispatchers)]
         stack.reports.update(self.stage(middle))
-        pre = ["preprocessor", "--host", args.http_host, "--port", str(http_port), "--reuse-port"]
+        count = args.preprocessors
+        # One preprocessor binds the port itself (0: a free one); several share the port `up`
+        # holds (SO_REUSEPORT; each listens once it is ready).
+        pre = ["preprocessor", "--host", args.http_host]
+        pre += ["--reuse-port"] if count > 1 else []
         pre += fleet_flags
         for i in range(args.routers):
             pre += ["--router", stack.reports[f"router-{i}"]["bind"]]
@@ -290,11 +295,16 @@ class Launcher:
         for tokenizer in args.tokenizer:
             pre += ["--tokenizer", tokenizer]
         pre += args.preprocessor_arg
-        count = args.preprocessors
+
+        def preprocessor(report: dict[str, Any] | None) -> list[str]:
+            port = report["port"] if report else http_port
+            return pre + ["--port", str(port)] + self._metrics(report)
+
         names = ["preprocessor"] if count == 1 else [f"preprocessor-{i}" for i in range(count)]
-        stack.reports.update(
-            self.stage([(name, lambda report: pre + self._metrics(report)) for name in names])
-        )
+        stack.reports.update(self.stage([(name, preprocessor) for name in names]))
+        port = stack.reports[names[0]]["port"]
+        stack.base_url = f"http://{args.http_host}:{port}"
+        log.info("preprocessors started: the API will be on %s/v1", stack.base_url)
         return stack
 
     def _engine_argv(
@@ -353,15 +363,17 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     ports: PortRange | None = args.port_range
-    try:
-        # Held for the stack's lifetime: the preprocessors (SO_REUSEPORT) share it, and a
-        # restarted one finds it still reserved.
-        http = bind_tcp(args.http_host, args.http_port, ports, reuse_port=True)
-    except OSError as exc:
-        log.error("cannot bind the HTTP port %s:%d: %s", args.http_host, args.http_port, exc)
-        return 1
-    http_port = int(http.getsockname()[1])
-    log.info("HTTP port reserved: the API will be on http://%s:%d/v1", args.http_host, http_port)
+    http: socket.socket | None = None
+    http_port = args.http_port
+    if args.preprocessors > 1:
+        try:
+            # Held for the stack's lifetime: the preprocessors (SO_REUSEPORT) share it, and a
+            # restarted one finds it still reserved.
+            http = bind_tcp(args.http_host, args.http_port, ports, reuse_port=True)
+        except OSError as exc:
+            log.error("cannot bind the HTTP port %s:%d: %s", args.http_host, args.http_port, exc)
+            return 1
+        http_port = int(http.getsockname()[1])
     announced = False
     code = 0
     try:
@@ -392,5 +404,6 @@ def run(args: argparse.Namespace) -> int:
                 time.sleep(0.2)
     finally:
         supervisor.stop_all()
-        http.close()
+        if http is not None:
+            http.close()
     return code
