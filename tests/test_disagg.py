@@ -81,18 +81,33 @@ def disagg_stack(
     router's pick among equal costs), by restarting engine 1 on another port until so."""
     with Processes() as procs:
 
-        def engine(n: int) -> Ready:
+        def engine(n: int, name: str = "") -> Ready:
             return procs.start_ready(
-                f"engine-{n}", "mock-engine", "--protocol", protocol, "--port", "0",
+                name or f"engine-{n}", "mock-engine", "--protocol", protocol, "--port", "0",
                 "--ttft-ms", "5", "--itl-ms", "2", "--bootstrap-timeout", "5", *engine_args[n],
             )  # fmt: skip
 
-        starting = [engine(n) for n in range(len(engine_args))]
-        urls = [f"grpc://127.0.0.1:{r.result()['port']}" for r in starting]
-        while first_picked and instance_id(urls[1]) < instance_id(urls[0]):
-            procs.kill("engine-1")
-            urls[1] = f"grpc://127.0.0.1:{engine(1).result()['port']}"
+        def url(ready: Ready) -> str:
+            return f"grpc://127.0.0.1:{ready.result()['port']}"
+
         names = [f"engine-{n}" for n in range(len(engine_args))]
+        starting = [engine(n) for n in range(len(engine_args))]
+        # Spares for engine 1, started at once: one of them likely has a higher instance id
+        # than engine 0 (each does with probability 1/2), so restarts are rare.
+        spares = [engine(1, f"engine-1-spare-{k}") for k in range(2)] if first_picked else []
+        urls = [url(r) for r in starting]
+        candidates = [(urls[1], names[1])] + [(url(r), r.name) for r in spares]
+        while first_picked:
+            above = [(u, n) for u, n in candidates if instance_id(u) > instance_id(urls[0])]
+            if above:
+                urls[1], names[1] = above[0]
+                for _, name in candidates:
+                    if name != names[1]:
+                        procs.kill(name)
+                break
+            for _, name in candidates:
+                procs.kill(name)
+            candidates = [(url(r), r.name) for r in [engine(1)]]
         workers: list[str] = []
         for n, url in enumerate(urls):
             workers += ["--worker", url]
