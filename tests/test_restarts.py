@@ -34,8 +34,22 @@ def test_the_only_dispatcher_restarting_does_not_cut_streams():
         assert "went away" in stack.log()
 
 
+def ports_of(report: dict) -> list[int]:
+    """Every port a child of `up` reported it bound."""
+    found = []
+    for child in report["children"].values():
+        for value in child.values():
+            if isinstance(value, int) and value:
+                found.append(value)
+            elif isinstance(value, str) and value.startswith("tcp://"):
+                found.append(int(value.rsplit(":", 1)[1]))
+    return found
+
+
 def test_a_restarted_fleet_never_hides_the_model():
-    with running_stack("--mock-engines", "sglang,vllm") as stack:
+    with running_stack("--mock-engines", "sglang,vllm", "--port-range", "20000-29999") as stack:
+        # --port-range confines every port the children chose.
+        assert all(20000 <= port <= 29999 for port in ports_of(stack.report()))
         body = {"model": "deepseek-mock", "prompt": "Shunt wagon", "max_tokens": 2}
         statuses: list[int] = []
         old = stack.pid("fleet")

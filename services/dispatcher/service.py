@@ -31,7 +31,9 @@ from switchyard.protos.messages import (
 
 log = logging.getLogger(__name__)
 
-DEFAULT_STALL_TIMEOUT = 5.0
+# Below the preprocessor's gap timeout (5 s): a frozen engine is caught while its streams
+# still run, and its streams that wait for their first token go with them.
+DEFAULT_STALL_TIMEOUT = 4.0
 
 
 class DispatcherService:
@@ -149,16 +151,13 @@ class DispatcherService:
             send(failed)
             return
         if self.stall is not None:
-            # Per reply only a counter: the watchdog reads it (see stall.py).
+            # Per reply only a counter and a flag: the watchdog reads them (see stall.py).
             activity = self.stall.activity(request.instance_id, asyncio.get_running_loop().time())
-            replied = False
+            activity.streams += 1
 
             def send(reply: object) -> None:
-                nonlocal replied
-                if not replied:
-                    replied = True
-                    activity.flowing += 1
                 activity.replies += 1
+                activity.armed = True
                 post(peer, reply)
 
         metrics = self.metrics
@@ -179,8 +178,10 @@ class DispatcherService:
             self._tasks.pop(key, None)
             streams.discard(key)
             in_flight.dec()
-            if self.stall is not None and replied:
-                activity.flowing -= 1
+            if self.stall is not None:
+                activity.streams -= 1
+                if not _task.cancelled() and _task.exception() is None:
+                    activity.armed = False  # ended normally: a quiet engine is not stalled
 
         task.add_done_callback(done)
 

@@ -15,14 +15,17 @@ from __future__ import annotations
 
 
 class Activity:
-    """One engine's streams: how many are running, how many produced output, and a counter
-    of the replies they produced."""
+    """One engine's streams: how many run, a counter of the replies they produced, and
+    whether output was flowing (armed) when it went quiet."""
 
-    __slots__ = ("flowing", "quiet_since", "replies", "seen")
+    __slots__ = ("armed", "quiet_since", "replies", "seen", "streams")
 
     def __init__(self, now: float) -> None:
         self.replies = 0
-        self.flowing = 0  # running streams that produced a reply
+        self.streams = 0  # running
+        # Set by every reply; cleared when a stream finishes normally (what follows may be a
+        # long prefill, not a stall) and when the engine is idle.
+        self.armed = False
         self.seen = 0  # `replies` at the last check
         self.quiet_since = now
 
@@ -38,7 +41,7 @@ class StallWatch:
     @property
     def interval(self) -> float:
         """How often to check."""
-        return min(1.0, max(0.05, self.timeout / 4))
+        return min(1.0, max(0.05, self.timeout / 8))
 
     def activity(self, instance_id: int, now: float) -> Activity:
         engine = self._engines.get(instance_id)
@@ -47,14 +50,21 @@ class StallWatch:
         return engine
 
     def check(self, now: float) -> list[int]:
-        """The engines that stalled since the last check (each reported once per stall)."""
+        """The engines that stalled since the last check (each reported once per stall):
+        output was flowing, and with streams still running nothing came for `timeout`."""
         stalled = []
         for instance_id, engine in self._engines.items():
-            if engine.replies != engine.seen or engine.flowing == 0:
+            if engine.replies != engine.seen or engine.streams == 0:
                 engine.seen = engine.replies
                 engine.quiet_since = now
                 self._stalled.discard(instance_id)
-            elif now - engine.quiet_since >= self.timeout and instance_id not in self._stalled:
+                if engine.streams == 0:
+                    engine.armed = False
+            elif (
+                engine.armed
+                and now - engine.quiet_since >= self.timeout
+                and instance_id not in self._stalled
+            ):
                 self._stalled.add(instance_id)
                 stalled.append(instance_id)
         return stalled
