@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import httpx
-from harness import free_port, pct, stack, stop, switchyard
+from harness import pct, stack, started, stop
 
 from switchyard.common.engines.connect import connect
 from switchyard.preprocessor.tokenizer import TokenizerBundle, default_tokenizer_dir
@@ -70,26 +70,12 @@ async def through_stack(base: str, n: int, warmup: int) -> list[float]:
 
 
 def run(protocol: str, n: int, warmup: int) -> dict[str, float]:
-    engine_port = free_port()
-    url = f"grpc://127.0.0.1:{engine_port}"
     # Zero engine delays: what is left is the cost of the path itself.
-    engine = switchyard(
-        "mock-engine",
-        "--protocol",
-        protocol,
-        "--port",
-        str(engine_port),
-        "--ttft-ms",
-        "0",
-        "--itl-ms",
-        "0",
-        "--prefill-base-ms",
-        "0",
-        "--prefill-ms-per-token",
-        "0",
-        "--log-level",
-        "WARNING",
-    )
+    engine, report = started(
+        "mock-engine", "--protocol", protocol, "--port", "0", "--ttft-ms", "0", "--itl-ms", "0",
+        "--prefill-base-ms", "0", "--prefill-ms-per-token", "0", "--log-level", "WARNING",
+    )  # fmt: skip
+    url = f"grpc://127.0.0.1:{report['port']}"
     try:
         with stack("--worker", url) as base:
             tok = TokenizerBundle.from_dir(default_tokenizer_dir())

@@ -1,4 +1,7 @@
-"""Shared pieces of the benchmarks: free ports, a stack in a child process, percentiles."""
+"""Shared pieces of the benchmarks: a stack in a child process, percentiles.
+
+Every process a benchmark starts binds its own ports (port 0) and reports them in a ready
+file (`started`); no port is picked here and bound by a child."""
 
 from __future__ import annotations
 
@@ -6,12 +9,17 @@ import contextlib
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
 import httpx
 
-from switchyard.common.ports import free_port
+from switchyard.common.ports import free_port, read_ready_file
+
+__all__ = ["free_port", "pct", "stack", "started", "stop", "switchyard", "wait_ready"]
 
 
 def pct(values: Sequence[float], q: float) -> float:
@@ -21,6 +29,19 @@ def pct(values: Sequence[float], q: float) -> float:
 
 def switchyard(*args: str, **popen: object) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "switchyard", *args], **popen)  # type: ignore[call-overload]
+
+
+def started(*args: str, timeout: float = 60.0, **popen: object):
+    """`switchyard <args> --ready-file F`: (process, what it reports it bound)."""
+    with tempfile.TemporaryDirectory(prefix="bench-") as folder:
+        ready = Path(folder) / "ready.json"
+        proc = switchyard(*args, "--ready-file", str(ready), **popen)
+        try:
+            report: dict[str, Any] = read_ready_file(ready, proc, timeout)
+        except RuntimeError:
+            stop(proc)
+            raise
+    return proc, report
 
 
 def stop(*procs: subprocess.Popen[bytes]) -> None:
@@ -50,11 +71,11 @@ def wait_ready(base: str, proc: subprocess.Popen[bytes], timeout: float = 60) ->
 @contextlib.contextmanager
 def stack(*up_args: str) -> Iterator[str]:
     """`switchyard up` on a free HTTP port; yields its base URL, stops it at exit."""
-    port = free_port()
-    proc = switchyard(
-        "up", "--http-port", str(port), "--log-level", "WARNING", *up_args, start_new_session=True
-    )
-    base = f"http://127.0.0.1:{port}"
+    proc, report = started(
+        "up", "--http-port", "0", "--log-level", "WARNING", *up_args,
+        timeout=120, start_new_session=True,
+    )  # fmt: skip
+    base = report["base_url"]
     try:
         wait_ready(base, proc)
         yield base

@@ -49,6 +49,7 @@ from procstat import CpuMeter
 from report import FLOOR, SMG, TargetResult, markdown, plots, summarize
 
 from switchyard.common.engines.connect import connect
+from switchyard.common.ports import read_ready_file
 from switchyard.preprocessor.tokenizer import TokenizerBundle, default_tokenizer_dir
 
 HERE = Path(__file__).resolve().parent
@@ -217,22 +218,26 @@ def start_engines(
     procs: Processes, count: int, tokenizer: Path, ttft_ms: float, itl_ms: float
 ) -> tuple[list[subprocess.Popen[bytes]], list[str], list[str]]:
     """Engines, their plain URLs, and their URLs with the KV event endpoints for switchyard."""
-    engines, urls, kv_urls = [], [], []
+    engines, urls, kv_urls, ready_files = [], [], [], []
     for index in range(count):
-        port, events, replay = free_port(), free_port(), free_port()
-        events_ep, replay_ep = f"tcp://127.0.0.1:{events}", f"tcp://127.0.0.1:{replay}"
-        argv = ["mock-engine", "--protocol", "sglang", "--port", str(port)]
+        ready = procs.log_dir / f"engine-{index}.json"
+        ready.unlink(missing_ok=True)
+        ready_files.append(ready)
+        local = "tcp://127.0.0.1:0"  # each engine binds free ports itself and reports them
+        argv = ["mock-engine", "--protocol", "sglang", "--port", "0", "--ready-file", str(ready)]
         argv += ["--model-name", MODEL, "--tokenizer", str(tokenizer)]
         argv += ["--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms)]
-        argv += ["--kv-events-endpoint", events_ep, "--kv-replay-endpoint", replay_ep]
+        argv += ["--kv-events-endpoint", local, "--kv-replay-endpoint", local]
         engines.append(procs.start_switchyard(f"engine-{index}", *argv, "--log-level", "WARNING"))
-        urls.append(f"grpc://127.0.0.1:{port}")
-        kv_urls.append(f"grpc://127.0.0.1:{port}?kv_events={events_ep}&kv_replay={replay_ep}")
-    for proc, url in zip(engines, urls, strict=True):
+    for proc, ready in zip(engines, ready_files, strict=True):
         try:
+            report = read_ready_file(ready, proc, 60.0)
+            url = f"grpc://127.0.0.1:{report['port']}"
             asyncio.run(_engine_up(url, 60.0))
         except Exception as exc:
-            raise RuntimeError(f"mock engine {url} did not start: {procs.log_tail(proc)}") from exc
+            raise RuntimeError(f"mock engine did not start: {procs.log_tail(proc)}") from exc
+        urls.append(url)
+        kv_urls.append(f"{url}?kv_events={report['kv_events']}&kv_replay={report['kv_replay']}")
     return engines, urls, kv_urls
 
 
@@ -240,15 +245,16 @@ def start_engines(
 def switchyard_stack(
     procs: Processes, name: str, kv_urls: list[str], router_mode: str, extra: Sequence[str] = ()
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    port = free_port()
-    args = ["up", "--http-port", str(port), "--router-mode", router_mode, "--log-level", "WARNING"]
-    args += extra
+    ready = procs.log_dir / f"{name}.json"
+    ready.unlink(missing_ok=True)  # a stack of the same name may have run before
+    args = ["up", "--http-port", "0", "--ready-file", str(ready), "--router-mode", router_mode]
+    args += ["--log-level", "WARNING", *extra]
     for url in kv_urls:
         args += ["--worker", url]
     proc = procs.start_switchyard(name, *args)
-    base = f"http://127.0.0.1:{port}"
     try:
         try:
+            base = read_ready_file(ready, proc, 120.0)["base_url"]
             wait_ready(base, proc, timeout=90)
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}: {procs.log_tail(proc)}") from exc

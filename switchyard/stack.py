@@ -1,8 +1,12 @@
 """`switchyard up`: the whole local stack as child processes of one command.
 
-Mock engines (when asked), fleet, router(s), dispatcher(s) and the preprocessor, wired over
-free loopback ports. A child that crashes is restarted (see supervisor); Ctrl-C or SIGTERM
-stops every child.
+Mock engines (when asked), fleet, router(s), dispatcher(s) and the preprocessor(s), wired
+over loopback. Started in stages (engines, fleet, routers and dispatchers, preprocessors),
+each child binds its own ports (port 0: a free one of --port-range) and reports them in a
+ready file, which the next stage is given: no port is picked by one process and bound by
+another. With several preprocessors, the HTTP port is held by `up` itself (SO_REUSEPORT) for
+the stack's lifetime, and they share it. A child that crashes is restarted on the ports it had (see
+supervisor); Ctrl-C or SIGTERM stops every child.
 """
 
 from __future__ import annotations
@@ -10,14 +14,26 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import socket
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from switchyard.common import endpoints
 from switchyard.common.logs import setup_logging
-from switchyard.common.ports import free_port
+from switchyard.common.ports import (
+    PortRange,
+    add_port_arguments,
+    bind_tcp,
+    read_ready_file,
+    write_ready_file,
+)
 from switchyard.supervisor import ChildSpec, Supervisor
 
 log = logging.getLogger("switchyard.up")
@@ -62,7 +78,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers-file", default=None)
     parser.add_argument("--prefill", action="append", default=[])
     parser.add_argument("--http-host", default=endpoints.HTTP_HOST)
-    parser.add_argument("--http-port", type=int, default=endpoints.HTTP_PORT)
+    parser.add_argument(
+        "--http-port",
+        type=int,
+        default=endpoints.HTTP_PORT,
+        help="HTTP port of the OpenAI API (0: a free one of --port-range, logged)",
+    )
     parser.add_argument("--router-mode", default="kv")
     parser.add_argument("--dispatchers", type=_count, default=1, help="dispatcher replicas")
     parser.add_argument("--routers", type=_count, default=1, help="router replicas")
@@ -114,14 +135,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics",
         action="store_true",
         help="serve Prometheus /metrics from fleet, routers, dispatchers and each preprocessor "
-        "on free ports (logged); GET /metrics on the HTTP port answers for whichever "
-        "preprocessor takes the connection",
+        "on free ports (logged, and in --ready-file); GET /metrics on the HTTP port answers "
+        "for whichever preprocessor takes the connection",
     )
     parser.add_argument(
         "--router-metrics-port",
         type=int,
         default=None,
         help="serve the router's Prometheus metrics on this port",
+    )
+    add_port_arguments(parser)  # --port-range for every child; --ready-file for up itself
+    parser.add_argument(
+        "--start-timeout",
+        type=float,
+        default=120.0,
+        help="seconds each start-up stage may take to report its ports",
     )
     parser.add_argument("--log-level", default="INFO")
 
@@ -133,91 +161,172 @@ def _count(text: str) -> int:
     return value
 
 
-def build_stack(args: argparse.Namespace) -> tuple[list[ChildSpec], list[str]]:
-    """The child processes to start, and the engine URLs they serve."""
-    py = [sys.executable, "-m", "switchyard"]
-    log_level = ["--log-level", args.log_level]
-    specs: list[ChildSpec] = []
-    workers = list(args.worker)
-    prefill = list(args.prefill)
-    mocks = [(p, None) for p in args.mock_engines]
-    mocks += [(p, "prefill") for p in getattr(args, "mock_prefill", [])]
-    mocks += [(p, "decode") for p in getattr(args, "mock_decode", [])]
-    for index, (protocol, role) in enumerate(mocks):
-        port = free_port()
-        events = f"tcp://127.0.0.1:{free_port()}"
-        replay = f"tcp://127.0.0.1:{free_port()}"
-        # The operator's per-worker options tell fleet where each engine publishes KV events
-        # (vLLM engines do not advertise it; SGLang ones do, and this agrees).
-        workers.append(f"grpc://127.0.0.1:{port}?kv_events={events}&kv_replay={replay}")
-        engine = ["mock-engine", "--protocol", protocol, "--port", str(port)]
-        if role is not None:
-            engine += ["--role", role]
-        if role == "prefill":
-            prefill.append(f"grpc://127.0.0.1:{port}")
-            if protocol == "sglang":
-                engine += ["--bootstrap-port", "0"]
-        engine += ["--model-name", args.model_name, "--speedup", str(args.mock_speedup)]
-        engine += ["--ttft-ms", str(args.mock_ttft_ms), "--itl-ms", str(args.mock_itl_ms)]
-        engine += ["--kv-events-endpoint", events, "--kv-replay-endpoint", replay]
-        name = f"mock-engine-{index}-{protocol}" + (f"-{role}" if role else "")
-        specs.append(ChildSpec(name, py + engine + args.mock_arg + log_level))
-    if not workers and not args.workers_file:
-        raise SystemExit(
-            "switchyard up: give --mock-engines / --mock-prefill / --mock-decode, --worker or "
-            "--workers-file"
-        )
-    fleet_control = f"tcp://127.0.0.1:{free_port()}"
-    fleet_events = f"tcp://127.0.0.1:{free_port()}"
-    routers = [f"tcp://127.0.0.1:{free_port()}" for _ in range(args.routers)]
-    dispatchers = [f"tcp://127.0.0.1:{free_port()}" for _ in range(args.dispatchers)]
-    fleet_flags = ["--fleet-control", fleet_control, "--fleet-events", fleet_events]
-    fleet_cmd = py + ["fleet", "--control", fleet_control, "--events", fleet_events, *log_level]
-    for url in workers:
-        fleet_cmd += ["--worker", url]
-    for url in prefill:
-        fleet_cmd += ["--prefill", url]
-    if args.workers_file:
-        fleet_cmd += ["--workers-file", args.workers_file]
-    if args.metrics:
-        fleet_cmd += _metrics_flags("fleet")
-    specs.append(ChildSpec("fleet", fleet_cmd))
-    for index, endpoint in enumerate(routers):
-        router_cmd = py + ["router", "--bind", endpoint, "--router-mode", args.router_mode]
-        router_cmd += fleet_flags + log_level + args.router_arg
-        if args.router_metrics_port is not None and index == 0:
-            router_cmd += ["--metrics-port", str(args.router_metrics_port)]
-        elif args.metrics:
-            router_cmd += _metrics_flags(f"router-{index}")
-        specs.append(ChildSpec(f"router-{index}", router_cmd))
-    for index, endpoint in enumerate(dispatchers):
-        dispatcher_cmd = py + ["dispatcher", "--bind", endpoint, *fleet_flags, *log_level]
-        if args.metrics:
-            dispatcher_cmd += _metrics_flags(f"dispatcher-{index}")
-        specs.append(ChildSpec(f"dispatcher-{index}", dispatcher_cmd))
-    pre = py + ["preprocessor", "--host", args.http_host, "--port", str(args.http_port)]
-    pre += fleet_flags + log_level
-    for endpoint in routers:
-        pre += ["--router", endpoint]
-    for endpoint in dispatchers:
-        pre += ["--dispatcher", endpoint]
-    for tokenizer in args.tokenizer:
-        pre += ["--tokenizer", tokenizer]
-    pre += args.preprocessor_arg
-    count = args.preprocessors
-    for index in range(count):
-        name = "preprocessor" if count == 1 else f"preprocessor-{index}"
-        cmd = pre + (["--reuse-port"] if count > 1 else [])
-        if args.metrics:
-            cmd += _metrics_flags(name)
-        specs.append(ChildSpec(name, cmd))
-    return specs, workers
+LOCAL = "tcp://127.0.0.1:0"  # a free loopback port, searched by the child itself
 
 
-def _metrics_flags(name: str) -> list[str]:
-    port = free_port()
-    log.info("%s metrics on http://127.0.0.1:%d/metrics", name, port)
-    return ["--metrics-port", str(port)]
+class StackFailed(RuntimeError):
+    """A child could not start (exited, or did not report its ports in time)."""
+
+
+@dataclass
+class Stack:
+    """What `up` started: child name -> its ready report, the engines, the HTTP base URL."""
+
+    base_url: str
+    reports: dict[str, dict[str, Any]] = field(default_factory=dict)
+    workers: list[str] = field(default_factory=list)
+
+
+class Launcher:
+    """Starts the stack stage by stage on a Supervisor, reading each child's ready file, and
+    re-specs every child with the ports it bound (a restart binds them again)."""
+
+    def __init__(self, args: argparse.Namespace, supervisor: Supervisor, folder: Path) -> None:
+        self.args = args
+        self.supervisor = supervisor
+        self.folder = folder
+        self.py = [sys.executable, "-m", "switchyard"]
+        self.common = ["--log-level", args.log_level]
+        if args.port_range is not None:
+            self.common += ["--port-range", str(args.port_range)]
+
+    def stage(
+        self, children: list[tuple[str, Callable[[dict[str, Any] | None], list[str]]]]
+    ) -> dict[str, dict[str, Any]]:
+        """Start children at once, wait for every report; `argv(report)` builds a child's
+        command line, with report None first (ports 0) and then with what it bound."""
+        started = []
+        for name, argv in children:
+            ready = self.folder / f"{name}.json"
+            ready.unlink(missing_ok=True)
+            flags = [*self.common, "--ready-file", str(ready)]
+            spec = ChildSpec(name, self.py + argv(None) + flags)
+            started.append((name, argv, ready, self.supervisor.start(spec)))
+        reports = {}
+        for name, argv, ready, proc in started:
+            try:
+                report = read_ready_file(ready, proc, self.args.start_timeout)
+            except RuntimeError as exc:
+                raise StackFailed(f"{name} {exc}") from None
+            reports[name] = report
+            final = self.py + argv(report) + self.common + ["--ready-file", str(ready)]
+            self.supervisor.respec(name, final)
+            if report.get("metrics_port"):
+                log.info("%s metrics on http://127.0.0.1:%d/metrics", name, report["metrics_port"])
+        return reports
+
+    def _metrics(self, report: dict[str, Any] | None) -> list[str]:
+        if not self.args.metrics:
+            return []
+        return ["--metrics-port", str(report["metrics_port"] if report else 0)]
+
+    def start(self, http_port: int) -> Stack:
+        args = self.args
+        stack = Stack(f"http://{args.http_host}:{http_port}")
+        workers = list(args.worker)
+        prefill = list(args.prefill)
+        mocks: list[tuple[str, str | None]] = [(p, None) for p in args.mock_engines]
+        mocks += [(p, "prefill") for p in getattr(args, "mock_prefill", [])]
+        mocks += [(p, "decode") for p in getattr(args, "mock_decode", [])]
+        engines = []
+        for index, (protocol, role) in enumerate(mocks):
+            name = f"mock-engine-{index}-{protocol}" + (f"-{role}" if role else "")
+            engines.append((name, self._engine_argv(protocol, role)))
+        stack.reports.update(self.stage(engines))
+        for (name, _), (_, role) in zip(engines, mocks, strict=True):
+            r = stack.reports[name]
+            # The operator's per-worker options tell fleet where each engine publishes KV
+            # events (vLLM engines do not advertise it; SGLang ones do, and this agrees).
+            url = f"grpc://127.0.0.1:{r['port']}"
+            workers.append(f"{url}?kv_events={r['kv_events']}&kv_replay={r['kv_replay']}")
+            if role == "prefill":
+                prefill.append(url)
+        if not workers and not args.workers_file:
+            raise SystemExit(
+                "switchyard up: give --mock-engines / --mock-prefill / --mock-decode, --worker "
+                "or --workers-file"
+            )
+        stack.workers = workers
+
+        def fleet(report: dict[str, Any] | None) -> list[str]:
+            control = report["control"] if report else LOCAL
+            events = report["events"] if report else LOCAL
+            cmd = ["fleet", "--control", control, "--events", events]
+            for url in workers:
+                cmd += ["--worker", url]
+            for url in prefill:
+                cmd += ["--prefill", url]
+            if args.workers_file:
+                cmd += ["--workers-file", args.workers_file]
+            return cmd + self._metrics(report)
+
+        fleet_report = self.stage([("fleet", fleet)])["fleet"]
+        stack.reports["fleet"] = fleet_report
+        fleet_flags = ["--fleet-control", fleet_report["control"]]
+        fleet_flags += ["--fleet-events", fleet_report["events"]]
+
+        def router(index: int) -> Callable[[dict[str, Any] | None], list[str]]:
+            def argv(report: dict[str, Any] | None) -> list[str]:
+                cmd = ["router", "--bind", report["bind"] if report else LOCAL]
+                cmd += ["--router-mode", args.router_mode, *fleet_flags, *args.router_arg]
+                if args.router_metrics_port is not None and index == 0:
+                    return cmd + ["--metrics-port", str(args.router_metrics_port)]
+                return cmd + self._metrics(report)
+
+            return argv
+
+        def dispatcher(report: dict[str, Any] | None) -> list[str]:
+            cmd = ["dispatcher", "--bind", report["bind"] if report else LOCAL, *fleet_flags]
+            return cmd + self._metrics(report)
+
+        middle = [(f"router-{i}", router(i)) for i in range(args.routers)]
+        middle += [(f"dispatcher-{i}", dispatcher) for i in range(args.dispatchers)]
+        stack.reports.update(self.stage(middle))
+        count = args.preprocessors
+        # One preprocessor binds the port itself (0: a free one); several share the port `up`
+        # holds (SO_REUSEPORT; each listens once it is ready).
+        pre = ["preprocessor", "--host", args.http_host]
+        pre += ["--reuse-port"] if count > 1 else []
+        pre += fleet_flags
+        for i in range(args.routers):
+            pre += ["--router", stack.reports[f"router-{i}"]["bind"]]
+        for i in range(args.dispatchers):
+            pre += ["--dispatcher", stack.reports[f"dispatcher-{i}"]["bind"]]
+        for tokenizer in args.tokenizer:
+            pre += ["--tokenizer", tokenizer]
+        pre += args.preprocessor_arg
+
+        def preprocessor(report: dict[str, Any] | None) -> list[str]:
+            port = report["port"] if report else http_port
+            return pre + ["--port", str(port)] + self._metrics(report)
+
+        names = ["preprocessor"] if count == 1 else [f"preprocessor-{i}" for i in range(count)]
+        stack.reports.update(self.stage([(name, preprocessor) for name in names]))
+        port = stack.reports[names[0]]["port"]
+        stack.base_url = f"http://{args.http_host}:{port}"
+        log.info("preprocessors started: the API will be on %s/v1", stack.base_url)
+        return stack
+
+    def _engine_argv(
+        self, protocol: str, role: str | None
+    ) -> Callable[[dict[str, Any] | None], list[str]]:
+        args = self.args
+
+        def argv(report: dict[str, Any] | None) -> list[str]:
+            port = str(report["port"]) if report else "0"
+            events = report["kv_events"] if report else LOCAL
+            replay = report["kv_replay"] if report else LOCAL
+            cmd = ["mock-engine", "--protocol", protocol, "--port", port]
+            if role is not None:
+                cmd += ["--role", role]
+            if role == "prefill" and protocol == "sglang":
+                cmd += ["--bootstrap-port", "0"]
+            cmd += ["--model-name", args.model_name, "--speedup", str(args.mock_speedup)]
+            cmd += ["--ttft-ms", str(args.mock_ttft_ms), "--itl-ms", str(args.mock_itl_ms)]
+            cmd += ["--kv-events-endpoint", events, "--kv-replay-endpoint", replay]
+            return cmd + args.mock_arg
+
+        return argv
 
 
 def _ready(url: str) -> bool:
@@ -228,9 +337,22 @@ def _ready(url: str) -> bool:
         return False
 
 
+def _report(path: Path | None, stack: Stack, supervisor: Supervisor) -> None:
+    """up's own ready file: the HTTP base URL, engines, every child's ports and pid."""
+    pids = {name: supervisor.pid(name) for name in supervisor.children}
+    write_ready_file(
+        path,
+        {
+            "base_url": stack.base_url,
+            "workers": stack.workers,
+            "children": stack.reports,
+            "pids": pids,
+        },
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     setup_logging("up", args.log_level)
-    specs, workers = build_stack(args)
     supervisor = Supervisor(restart=not args.no_restart)
     stopping = False
 
@@ -240,26 +362,48 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    base = f"http://{args.http_host}:{args.http_port}"
+    ports: PortRange | None = args.port_range
+    http: socket.socket | None = None
+    http_port = args.http_port
+    if args.preprocessors > 1:
+        try:
+            # Held for the stack's lifetime: the preprocessors (SO_REUSEPORT) share it, and a
+            # restarted one finds it still reserved.
+            http = bind_tcp(args.http_host, args.http_port, ports, reuse_port=True)
+        except OSError as exc:
+            log.error("cannot bind the HTTP port %s:%d: %s", args.http_host, args.http_port, exc)
+            return 1
+        http_port = int(http.getsockname()[1])
     announced = False
     code = 0
     try:
-        for spec in specs:
-            supervisor.start(spec)
-        while not stopping:
-            failed = supervisor.poll()
-            if failed is not None:
-                log.error("%s keeps failing; stopping the stack", failed)
-                code = 1
-                break
-            if not announced and _ready(base + "/ready"):
-                announced = True
-                log.info(
-                    "Switchyard is serving the OpenAI API on %s/v1 (engines: %s)",
-                    base,
-                    ", ".join(workers) or args.workers_file,
-                )
-            time.sleep(0.2)
+        with tempfile.TemporaryDirectory(prefix="switchyard-up-") as folder:
+            try:
+                stack = Launcher(args, supervisor, Path(folder)).start(http_port)
+            except StackFailed as exc:
+                log.error("the stack did not start: %s", exc)
+                return 1
+            restarts = supervisor.restarts
+            while not stopping:
+                failed = supervisor.poll()
+                if failed is not None:
+                    log.error("%s keeps failing; stopping the stack", failed)
+                    code = 1
+                    break
+                if not announced and _ready(stack.base_url + "/ready"):
+                    announced = True
+                    log.info(
+                        "Switchyard is serving the OpenAI API on %s/v1 (engines: %s)",
+                        stack.base_url,
+                        ", ".join(stack.workers) or args.workers_file,
+                    )
+                    _report(args.ready_file, stack, supervisor)
+                elif announced and supervisor.restarts != restarts:
+                    restarts = supervisor.restarts
+                    _report(args.ready_file, stack, supervisor)  # new pids
+                time.sleep(0.2)
     finally:
         supervisor.stop_all()
+        if http is not None:
+            http.close()
     return code

@@ -71,6 +71,11 @@ class Supervisor:
         log.info("started %s pid=%d", spec.name, proc.pid)
         return proc
 
+    def respec(self, name: str, argv: list[str]) -> None:
+        """Restart `name` with this command line from now on (e.g. with the ports it bound)."""
+        child = self.children[name]
+        child.spec = ChildSpec(name, argv)
+
     def pid(self, name: str) -> int | None:
         child = self.children.get(name)
         return child.proc.pid if child is not None and child.proc is not None else None

@@ -1,12 +1,14 @@
 """Start a real local stack (`switchyard up` in a child process) for end-to-end tests.
 
-Every port is free-picked, readiness is polled with a deadline, and teardown stops the whole
-process tree and checks that nothing was left running.
+Every process binds its own ports (port 0) and reports them in a ready file, so no port is
+picked by the test and bound by a child; readiness is polled with a deadline, and teardown
+stops the whole process tree and checks that nothing was left running.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -18,8 +20,11 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from switchyard.common.ports import free_port
+from switchyard.common.ports import read_ready_file
+
+LOCAL = "tcp://127.0.0.1:0"  # a free loopback port, searched by the process that binds it
 
 
 def http_status(url: str) -> int | None:
@@ -52,9 +57,18 @@ class Stack:
     base_url: str
     proc: subprocess.Popen[bytes]
     log_path: Path
+    ready_path: Path
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def report(self) -> dict[str, Any]:
+        """`up`'s ready file: children's ports and pids (rewritten after a restart)."""
+        report: dict[str, Any] = json.loads(self.ready_path.read_text())
+        return report
+
+    def pid(self, child: str) -> int:
+        return int(self.report()["pids"][child])
 
     def engine_urls(self) -> list[str]:
         """The engines `switchyard up` announced when it became ready."""
@@ -66,15 +80,17 @@ class Stack:
 
 @contextlib.contextmanager
 def running_stack(*up_args: str, ready: bool = True, timeout: float = 60.0) -> Iterator[Stack]:
-    port = free_port()
     log_file = tempfile.NamedTemporaryFile(prefix="switchyard-up-", suffix=".log", delete=False)
+    ready_path = Path(log_file.name).with_suffix(".json")
     argv = [
         sys.executable,
         "-m",
         "switchyard",
         "up",
         "--http-port",
-        str(port),
+        "0",
+        "--ready-file",
+        str(ready_path),
         "--mock-speedup",
         "4",
         *up_args,
@@ -86,17 +102,20 @@ def running_stack(*up_args: str, ready: bool = True, timeout: float = 60.0) -> I
         stdin=subprocess.DEVNULL,
         start_new_session=True,
     )
-    stack = Stack(f"http://127.0.0.1:{port}", proc, Path(log_file.name))
+    stack = Stack("", proc, Path(log_file.name), ready_path)
     try:
         deadline = time.monotonic() + timeout
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"switchyard up exited early:\n{stack.log()[-4000:]}")
+            if not stack.base_url:
+                stack.base_url = _announced_base(stack.log())
             if ready:
-                # `up` announces readiness (and its engines) once /ready answers 200.
-                if "is serving the OpenAI API" in stack.log():
+                # `up` announces readiness (and its engines) once /ready answers 200, and
+                # writes its ready file.
+                if "is serving the OpenAI API" in stack.log() and ready_path.exists():
                     break
-            elif http_status(stack.base_url + "/health") is not None:
+            elif stack.base_url and http_status(stack.base_url + "/health") is not None:
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"stack not ready in {timeout}s:\n{stack.log()[-4000:]}")
@@ -115,7 +134,17 @@ def running_stack(*up_args: str, ready: bool = True, timeout: float = 60.0) -> I
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         log_file.close()
+        ready_path.unlink(missing_ok=True)
         assert not leftovers, f"processes left running after the stack stopped: {leftovers}"
+
+
+def _announced_base(log: str) -> str:
+    """The HTTP base URL `up` logs once it holds the HTTP port."""
+    marker = "the API will be on "
+    for line in log.splitlines():
+        if marker in line:
+            return line.split(marker, 1)[1].split()[0].removesuffix("/v1")
+    return ""
 
 
 def _alive(pid: int) -> bool:
@@ -128,6 +157,24 @@ def _alive(pid: int) -> bool:
         if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
             return False
     return True
+
+
+@dataclass
+class Ready:
+    procs: Processes
+    name: str
+    proc: subprocess.Popen[bytes]
+    path: Path
+    timeout: float
+
+    def result(self) -> dict[str, Any]:
+        try:
+            return read_ready_file(self.path, self.proc, self.timeout)
+        except RuntimeError as exc:
+            log = self.procs.log(self.name)[-3000:]
+            raise AssertionError(f"{self.name} {exc}:\n{log}") from None
+        finally:
+            self.path.unlink(missing_ok=True)
 
 
 class Processes:
@@ -150,6 +197,20 @@ class Processes:
         self.procs[name], self.logs[name] = proc, log
         return proc
 
+    def serve(self, name: str, *args: str, timeout: float = 60.0) -> dict[str, Any]:
+        """Start a service with `--ready-file` and return what it reports it bound."""
+        return self.start_ready(name, *args, timeout=timeout).result()
+
+    def start_ready(self, name: str, *args: str, timeout: float = 60.0) -> Ready:
+        """Like `serve`, without waiting: `.result()` waits for the report."""
+        ready = Path(tempfile.mkstemp(prefix=f"switchyard-{name}-", suffix=".json")[1])
+        ready.unlink()
+        proc = self.start(name, *args, "--ready-file", str(ready))
+        return Ready(self, name, proc, ready, timeout)
+
+    def signal(self, name: str, signum: int) -> None:
+        self.procs[name].send_signal(signum)
+
     def kill(self, name: str) -> None:
         proc = self.procs.pop(name)
         proc.kill()
@@ -164,6 +225,7 @@ class Processes:
     def __exit__(self, *exc: object) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)  # a frozen one must be able to stop
                 proc.send_signal(signal.SIGTERM)
         for name, proc in self.procs.items():
             try:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import time
 from dataclasses import dataclass
 
 import httpx
 import openai
-from e2e_stack import Processes, free_port, wait_until
+import pytest
+from e2e_stack import LOCAL, Processes, wait_until
 
 MODEL = "deepseek-mock"
 STREAMS = 32
@@ -26,10 +28,29 @@ MAX_TOKENS = 40
 class Stack:
     procs: Processes
     base: str
-    engines: dict[str, list[str]]  # name -> its command line (to restart it)
+    engines: dict[str, list[str]]  # name -> its command line, on the ports it bound
 
     def restart(self, name: str) -> None:
-        self.procs.start(name, *self.engines[name])
+        self.procs.serve(name, *self.engines[name])
+
+
+def engine_argv(protocol: str, extra=(), port=0, events=LOCAL, replay=LOCAL) -> list[str]:
+    return [
+        "mock-engine",
+        "--protocol",
+        protocol,
+        "--port",
+        str(port),
+        "--itl-ms",
+        "25",
+        "--ttft-ms",
+        "5",
+        "--kv-events-endpoint",
+        events,
+        "--kv-replay-endpoint",
+        replay,
+        *extra,
+    ]
 
 
 @contextlib.contextmanager
@@ -39,74 +60,70 @@ def chaos_stack(
     routers=1,
     engine_args=None,
     idle_timeout=3.0,
+    preprocessor_args=(),
+    dispatcher_args=(),
 ):
-    """`engine_args`: engine index -> extra mock-engine flags (fault injection)."""
+    """`engine_args`: engine index -> extra mock-engine flags (fault injection). Every process
+    binds its own ports (port 0) and reports them; restarts reuse them."""
     engine_args = engine_args or {}
-    control, events = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
-    fleet_flags = ["--fleet-control", control, "--fleet-events", events]
-    http = free_port()
     with Processes() as procs:
         engines: dict[str, list[str]] = {}
         workers = []
+        started = {
+            f"engine-{n}": procs.start_ready(
+                f"engine-{n}", *engine_argv(protocol, engine_args.get(n, ()))
+            )
+            for n, protocol in enumerate(protocols)
+        }
         for n, protocol in enumerate(protocols):
-            port, pub, replay = free_port(), free_port(), free_port()
-            argv = [
-                "mock-engine",
-                "--protocol",
-                protocol,
-                "--port",
-                str(port),
-                "--itl-ms",
-                "25",
-                "--ttft-ms",
-                "5",
-                "--kv-events-endpoint",
-                f"tcp://127.0.0.1:{pub}",
-                "--kv-replay-endpoint",
-                f"tcp://127.0.0.1:{replay}",
-                *engine_args.get(n, ()),
-            ]
-            engines[f"engine-{n}"] = argv
-            procs.start(f"engine-{n}", *argv)
+            name = f"engine-{n}"
+            r = started[name].result()
+            engines[name] = engine_argv(
+                protocol, engine_args.get(n, ()), r["port"], r["kv_events"], r["kv_replay"]
+            )
             workers += [
                 "--worker",
-                f"grpc://127.0.0.1:{port}?kv_events=tcp://127.0.0.1:{pub}"
-                f"&kv_replay=tcp://127.0.0.1:{replay}",
+                f"grpc://127.0.0.1:{r['port']}?kv_events={r['kv_events']}"
+                f"&kv_replay={r['kv_replay']}",
             ]
-        procs.start(
+        fleet = procs.serve(
             "fleet",
             "fleet",
             "--control",
-            control,
+            LOCAL,
             "--events",
-            events,
+            LOCAL,
             "--probe-interval",
             "0.5",
             *workers,
         )
-        router_eps = [f"tcp://127.0.0.1:{free_port()}" for _ in range(routers)]
-        for n, endpoint in enumerate(router_eps):
-            procs.start(f"router-{n}", "router", "--bind", endpoint, *fleet_flags)
-        dispatcher_eps = [f"tcp://127.0.0.1:{free_port()}" for _ in range(dispatchers)]
-        for n, endpoint in enumerate(dispatcher_eps):
-            procs.start(f"dispatcher-{n}", "dispatcher", "--bind", endpoint, *fleet_flags)
+        fleet_flags = ["--fleet-control", fleet["control"], "--fleet-events", fleet["events"]]
+        router_eps = [
+            procs.serve(f"router-{n}", "router", "--bind", LOCAL, *fleet_flags)["bind"]
+            for n in range(routers)
+        ]
+        dispatcher_eps = [
+            procs.serve(
+                f"dispatcher-{n}", "dispatcher", "--bind", LOCAL, *fleet_flags, *dispatcher_args
+            )["bind"]
+            for n in range(dispatchers)
+        ]
         pre = [
             "preprocessor",
             "--port",
-            str(http),
+            "0",
             "--stream-idle-timeout",
-            str(idle_timeout),
-            "--stream-gap-timeout",
             str(idle_timeout),
             "--route-timeout",
             "1",
+            *preprocessor_args,
             *fleet_flags,
         ]
         for endpoint in router_eps:
             pre += ["--router", endpoint]
         for endpoint in dispatcher_eps:
             pre += ["--dispatcher", endpoint]
-        procs.start("preprocessor", *pre)
+        http = procs.serve("preprocessor", *pre)["port"]
         base = f"http://127.0.0.1:{http}"
         stack = Stack(procs, base, engines)
         try:
@@ -171,12 +188,12 @@ async def one_stream(
     return Outcome("".join(parts), finish, usage.completion_tokens if usage else -1)
 
 
-async def run_streams(base: str, fault=None) -> list[Outcome]:
+async def run_streams(base: str, fault=None, timeout: float = 120) -> list[Outcome]:
     """32 concurrent streams; `fault()` runs once every stream has its first token."""
     started = asyncio.Event()
     counter = [0]
     async with openai.AsyncOpenAI(
-        base_url=base + "/v1", api_key="none", max_retries=0, timeout=120
+        base_url=base + "/v1", api_key="none", max_retries=0, timeout=timeout
     ) as client:
         tasks = [
             asyncio.create_task(one_stream(client, n, started, counter)) for n in range(STREAMS)
@@ -236,6 +253,36 @@ def test_one_of_two_dispatchers_killed_mid_stream():
         assert "went away" in stack.procs.log("preprocessor")
 
 
+@pytest.mark.parametrize(
+    ("noticed_by", "preprocessor_args", "dispatcher_args"),
+    [
+        ("gap timeout", ("--stream-gap-timeout", "1"), ("--stall-timeout", "0")),
+        ("stall watch", ("--stream-gap-timeout", "30"), ("--stall-timeout", "1")),
+    ],
+)
+def test_frozen_engine_streams_migrate(noticed_by, preprocessor_args, dispatcher_args):
+    """Issue 14: a SIGSTOPped engine keeps its connections open, and only the 60 s idle
+    timeout noticed. The preprocessor's gap timeout between tokens, or the dispatcher's
+    watch of an engine silent on every stream, moves its streams within seconds."""
+    with chaos_stack(
+        idle_timeout=60, preprocessor_args=preprocessor_args, dispatcher_args=dispatcher_args
+    ) as stack:
+        expected = asyncio.run(run_streams(stack.base))
+
+        def freeze_engine():
+            stack.procs.signal("engine-0", signal.SIGSTOP)
+
+        try:
+            got = asyncio.run(run_streams(stack.base, fault=freeze_engine, timeout=30))
+        finally:
+            stack.procs.signal("engine-0", signal.SIGCONT)
+        check_identical(expected, got)
+        if noticed_by == "gap timeout":
+            assert "no reply for 1s" in stack.procs.log("preprocessor")
+        else:
+            assert "stalled: the engine produced nothing for 1s" in stack.procs.log("dispatcher-0")
+
+
 def test_restarted_engine_is_readmitted_with_a_fresh_index():
     with chaos_stack(protocols=("vllm",)) as stack:
         long = [
@@ -277,13 +324,19 @@ def fault_free_outputs() -> list[Outcome]:
         return asyncio.run(run_streams(stack.base))
 
 
-def test_hung_engine_streams_migrate_after_the_idle_timeout():
+def test_hung_engine_streams_migrate_after_the_gap_timeout():
+    """An engine that stops sending mid-stream: the gap timeout (between tokens), not the
+    first-token idle timeout, moves its streams."""
     expected = fault_free_outputs()
-    with chaos_stack(engine_args={0: ["--hang-after-tokens", "5"]}, idle_timeout=2) as stack:
+    with chaos_stack(
+        engine_args={0: ["--hang-after-tokens", "5"]},
+        idle_timeout=30,
+        preprocessor_args=("--stream-gap-timeout", "1"),
+    ) as stack:
         got = asyncio.run(run_streams(stack.base))
         check_identical(expected, got)
         log = stack.procs.log("preprocessor")
-        assert "kind=disconnected after 5 tokens: no reply for 2s between tokens" in log
+        assert "kind=disconnected after 5 tokens: no reply for 1s" in log
 
 
 def test_overloaded_engine_is_avoided():

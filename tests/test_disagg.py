@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from e2e_stack import Processes, free_port, running_stack, wait_until
+from e2e_stack import LOCAL, Processes, Ready, running_stack, wait_until
 
 from switchyard.common.instance_id import instance_id
 
@@ -74,51 +74,57 @@ def disagg_stack(
     engine_args: list[list[str]],
     listed_prefill: tuple[int, ...] = (),
     idle_timeout: float = 5.0,
-    ports: list[int] | None = None,
+    first_picked: bool = False,
 ) -> Iterator[DisaggStack]:
     """Engines in order (the first is the prefill one); `listed_prefill`: indexes given to
-    fleet's --prefill; `ports`: the engines' gRPC ports (default: free ones)."""
-    control, events = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
-    fleet_flags = ["--fleet-control", control, "--fleet-events", events]
-    http = free_port()
+    fleet's --prefill; `first_picked`: engine 0 gets a lower instance id than engine 1 (the
+    router's pick among equal costs), by restarting engine 1 on another port until so."""
     with Processes() as procs:
+
+        def engine(n: int, name: str = "") -> Ready:
+            return procs.start_ready(
+                name or f"engine-{n}", "mock-engine", "--protocol", protocol, "--port", "0",
+                "--ttft-ms", "5", "--itl-ms", "2", "--bootstrap-timeout", "5", *engine_args[n],
+            )  # fmt: skip
+
+        def url(ready: Ready) -> str:
+            return f"grpc://127.0.0.1:{ready.result()['port']}"
+
+        names = [f"engine-{n}" for n in range(len(engine_args))]
+        starting = [engine(n) for n in range(len(engine_args))]
+        # Spares for engine 1, started at once: one of them likely has a higher instance id
+        # than engine 0 (each does with probability 1/2), so restarts are rare.
+        spares = [engine(1, f"engine-1-spare-{k}") for k in range(2)] if first_picked else []
+        urls = [url(r) for r in starting]
+        candidates = [(urls[1], names[1])] + [(url(r), r.name) for r in spares]
+        while first_picked:
+            above = [(u, n) for u, n in candidates if instance_id(u) > instance_id(urls[0])]
+            if above:
+                urls[1], names[1] = above[0]
+                for _, name in candidates:
+                    if name != names[1]:
+                        procs.kill(name)
+                break
+            for _, name in candidates:
+                procs.kill(name)
+            candidates = [(url(r), r.name) for r in [engine(1)]]
         workers: list[str] = []
-        names = []
-        for n, extra in enumerate(engine_args):
-            port = ports[n] if ports else free_port()
-            name = f"engine-{n}"
-            procs.start(
-                name,
-                "mock-engine",
-                "--protocol",
-                protocol,
-                "--port",
-                str(port),
-                "--ttft-ms",
-                "5",
-                "--itl-ms",
-                "2",
-                "--bootstrap-timeout",
-                "5",
-                *extra,
-            )
-            names.append(name)
-            workers += ["--worker", f"grpc://127.0.0.1:{port}"]
+        for n, url in enumerate(urls):
+            workers += ["--worker", url]
             if n in listed_prefill:
-                workers += ["--prefill", f"grpc://127.0.0.1:{port}"]
-        procs.start(
-            "fleet", "fleet", "--control", control, "--events", events, "--probe-interval", "0.5",
+                workers += ["--prefill", url]
+        fleet = procs.serve(
+            "fleet", "fleet", "--control", LOCAL, "--events", LOCAL, "--probe-interval", "0.5",
             *workers,
         )  # fmt: skip
-        router = f"tcp://127.0.0.1:{free_port()}"
-        procs.start("router", "router", "--bind", router, *fleet_flags)
-        dispatcher = f"tcp://127.0.0.1:{free_port()}"
-        procs.start("dispatcher", "dispatcher", "--bind", dispatcher, *fleet_flags)
-        procs.start(
-            "preprocessor", "preprocessor", "--port", str(http),
+        fleet_flags = ["--fleet-control", fleet["control"], "--fleet-events", fleet["events"]]
+        router = procs.serve("router", "router", "--bind", LOCAL, *fleet_flags)["bind"]
+        dispatcher = procs.serve("dispatcher", "dispatcher", "--bind", LOCAL, *fleet_flags)["bind"]
+        http = procs.serve(
+            "preprocessor", "preprocessor", "--port", "0",
             "--stream-idle-timeout", str(idle_timeout), "--route-timeout", "2",
             "--router", router, "--dispatcher", dispatcher, *fleet_flags,
-        )  # fmt: skip
+        )["port"]  # fmt: skip
         stack = DisaggStack(procs, f"http://127.0.0.1:{http}", names)
 
         def all_routable() -> bool:
@@ -236,12 +242,9 @@ def test_prefill_engine_crashing_mid_request_streams_go_on(protocol, fault, aggr
     the KV (before any is sent), or once the prefill is done and handed over. Every request
     gets the aggregated answer, within bounded time; a transfer cut short sends the request
     through the other prefill engine."""
-    ports = [free_port() for _ in range(4)]
-    first, second = sorted(ports[:2], key=lambda p: instance_id(f"grpc://127.0.0.1:{p}"))
-    ports[:2] = [first, second]
     prefill = ["--role", "prefill"] + (["--bootstrap-port", "0"] if protocol == "sglang" else [])
     engines = [prefill + [fault], prefill, ["--role", "decode"], ["--role", "decode"]]
-    with disagg_stack(protocol, engines, ports=ports) as stack:
+    with disagg_stack(protocol, engines, first_picked=True) as stack:
         crashed = stack.procs.procs[stack.engines[0]]
         for p in PROMPTS:
             started = time.monotonic()

@@ -6,7 +6,7 @@ import re
 
 import httpx
 import openai
-from e2e_stack import Processes, free_port, running_stack, wait_until
+from e2e_stack import LOCAL, Processes, running_stack, wait_until
 
 MODEL = "deepseek-mock"
 SYSTEM = "You are the yard master. " + " ".join(
@@ -69,14 +69,10 @@ def test_shared_prefix_lands_where_it_is_cached():
 
 
 def test_sequence_gap_recovers_through_replay():
-    metrics_port = free_port()
     with running_stack(
-        "--mock-engines",
-        "vllm",
-        "--mock-arg=--kv-skip-seq=1,2",
-        "--router-metrics-port",
-        str(metrics_port),
+        "--mock-engines", "vllm", "--mock-arg=--kv-skip-seq=1,2", "--metrics"
     ) as stack:
+        metrics_port = stack.report()["children"]["router-0"]["metrics_port"]
         bodies = [chat_body(f"Question number {n} about the yard?") for n in range(4)]
         for body in bodies:
             assert (
@@ -99,63 +95,33 @@ def test_sequence_gap_recovers_through_replay():
 
 
 def test_restarted_router_rebuilds_its_index():
-    port, events, replay = free_port(), free_port(), free_port()
-    http = free_port()
-    control, fleet_events, router, dispatcher = (f"tcp://127.0.0.1:{free_port()}" for _ in range(4))
-    fleet_flags = ["--fleet-control", control, "--fleet-events", fleet_events]
-    worker = (
-        f"grpc://127.0.0.1:{port}?kv_events=tcp://127.0.0.1:{events}"
-        f"&kv_replay=tcp://127.0.0.1:{replay}"
-    )
-    base = f"http://127.0.0.1:{http}"
     with Processes() as procs:
-        procs.start(
-            "engine",
-            "mock-engine",
-            "--protocol",
-            "sglang",
-            "--port",
-            str(port),
-            "--kv-events-endpoint",
-            f"tcp://127.0.0.1:{events}",
-            "--kv-replay-endpoint",
-            f"tcp://127.0.0.1:{replay}",
-            "--speedup",
-            "4",
+        engine = procs.serve(
+            "engine", "mock-engine", "--protocol", "sglang", "--port", "0",
+            "--kv-events-endpoint", LOCAL, "--kv-replay-endpoint", LOCAL, "--speedup", "4",
+        )  # fmt: skip
+        worker = (
+            f"grpc://127.0.0.1:{engine['port']}?kv_events={engine['kv_events']}"
+            f"&kv_replay={engine['kv_replay']}"
         )
-        procs.start(
-            "fleet",
-            "fleet",
-            "--worker",
-            worker,
-            "--control",
-            control,
-            "--events",
-            fleet_events,
-            "--probe-interval",
-            "0.5",
-        )
-        procs.start("router", "router", "--bind", router, *fleet_flags)
-        procs.start("dispatcher", "dispatcher", "--bind", dispatcher, *fleet_flags)
-        procs.start(
-            "preprocessor",
-            "preprocessor",
-            "--port",
-            str(http),
-            "--router",
-            router,
-            "--dispatcher",
-            dispatcher,
-            "--route-timeout",
-            "1",
-            *fleet_flags,
-        )
+        fleet = procs.serve(
+            "fleet", "fleet", "--worker", worker, "--control", LOCAL, "--events", LOCAL,
+            "--probe-interval", "0.5",
+        )  # fmt: skip
+        fleet_flags = ["--fleet-control", fleet["control"], "--fleet-events", fleet["events"]]
+        router = procs.serve("router", "router", "--bind", LOCAL, *fleet_flags)["bind"]
+        dispatcher = procs.serve("dispatcher", "dispatcher", "--bind", LOCAL, *fleet_flags)["bind"]
+        http = procs.serve(
+            "preprocessor", "preprocessor", "--port", "0", "--router", router,
+            "--dispatcher", dispatcher, "--route-timeout", "1", *fleet_flags,
+        )["port"]  # fmt: skip
+        base = f"http://127.0.0.1:{http}"
         wait_until(lambda: _status(base + "/ready") == 200, what="the stack to be ready")
         body = chat_body("Which track for siding 70?")
         assert httpx.post(base + "/v1/chat/completions", json=body, timeout=30).status_code == 200
         wait_until(lambda: chosen_overlap(debug_route(base, body)) > 0, what="indexed prefix")
         procs.kill("router")
-        procs.start("router", "router", "--bind", router, *fleet_flags)
+        procs.serve("router", "router", "--bind", router, *fleet_flags)
         # A fresh router joins the engine's stream late and replays it from sequence 0.
         wait_until(
             lambda: chosen_overlap(debug_route(base, body)) > 0,

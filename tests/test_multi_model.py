@@ -7,7 +7,7 @@ import time
 
 import httpx
 import openai
-from e2e_stack import Processes, free_port, running_stack
+from e2e_stack import Processes, running_stack
 
 from switchyard.mock_engine.testing import tokenizer_dir_with_template
 from switchyard.preprocessor.tokenizer import TokenizerBundle, default_tokenizer_dir
@@ -19,16 +19,16 @@ QUESTION = [{"role": "user", "content": "Which track does the night freight take
 def test_each_model_uses_its_own_tokenizer(tmp_path):
     other = tokenizer_dir_with_template(tmp_path / "yard-chat", TEMPLATE)
 
-    ports = {"deepseek-mock": free_port(), "yard-chat": free_port()}
     with Processes() as procs:
-        procs.start(
-            "engine-a", "mock-engine", "--protocol", "sglang",
-            "--port", str(ports["deepseek-mock"]), "--model-name", "deepseek-mock",
+        a = procs.start_ready(
+            "engine-a", "mock-engine", "--protocol", "sglang", "--port", "0",
+            "--model-name", "deepseek-mock",
         )  # fmt: skip
-        procs.start(
-            "engine-b", "mock-engine", "--protocol", "vllm", "--port", str(ports["yard-chat"]),
+        b = procs.start_ready(
+            "engine-b", "mock-engine", "--protocol", "vllm", "--port", "0",
             "--model-name", "yard-chat", "--tokenizer", str(other),
         )  # fmt: skip
+        ports = {"deepseek-mock": a.result()["port"], "yard-chat": b.result()["port"]}
         workers = []
         for port in ports.values():
             workers += ["--worker", f"grpc://127.0.0.1:{port}"]

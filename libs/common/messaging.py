@@ -14,6 +14,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from switchyard.common.ports import PortRange, zmq_bind
 from switchyard.protos.codec import encode
 
 log = logging.getLogger(__name__)
@@ -26,9 +27,11 @@ def new_socket(
     bind: str | None = None,
     connect: list[str] | tuple[str, ...] = (),
     sync: bool = False,
+    ports: PortRange | None = None,
 ) -> Any:
     """A socket with the options every service wants; `sync=True` gives a plain (blocking API)
-    socket even from an asyncio context, for `LoopSocket`."""
+    socket even from an asyncio context, for `LoopSocket`. A `bind` endpoint with port 0
+    binds a free port of `ports` (see common.ports; `bound_endpoint(sock)` tells which)."""
     sock = zmq.Socket(ctx, kind) if sync else ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     # Unbounded queues: a slow peer must not silently drop per-token messages.
@@ -38,10 +41,20 @@ def new_socket(
         # Fail loudly instead of dropping a reply to a peer that went away.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     if bind:
-        sock.bind(bind)
+        try:
+            zmq_bind(sock, bind, ports)
+        except BaseException:
+            sock.close(linger=0)
+            raise
     for endpoint in connect:
         sock.connect(endpoint)
     return sock
+
+
+def bound_endpoint(sock: Any) -> str:
+    """The endpoint a socket bound last (its port resolved)."""
+    last = sock.getsockopt(zmq.LAST_ENDPOINT)
+    return last.decode() if isinstance(last, bytes) else str(last)
 
 
 def decode_routed(
@@ -247,8 +260,13 @@ class DealerClient:
             self._sock.close(linger=0)
 
 
+class ConnectionLost(ConnectionError):
+    """The connection to the service dropped while the call waited for its reply."""
+
+
 class RequestReplyClient(DealerClient):
-    """One reply per request, matched by `key(reply)`."""
+    """One reply per request, matched by `key(reply)`. Calls waiting when the connection
+    drops fail at once with ConnectionLost (the service died: its answer will never come)."""
 
     def __init__(
         self,
@@ -262,7 +280,8 @@ class RequestReplyClient(DealerClient):
         self._waiters: dict[str, asyncio.Future[Any]] = {}
 
     async def call(self, request_id: str, message: Any, timeout: float) -> Any:
-        """Send and wait for the reply; raises TimeoutError when none comes in time."""
+        """Send and wait for the reply; raises TimeoutError when none comes in time and
+        ConnectionLost when the connection drops meanwhile."""
         self.start()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiters[request_id] = future
@@ -277,3 +296,9 @@ class RequestReplyClient(DealerClient):
         future = self._waiters.pop(self._key(reply), None)
         if future is not None and not future.done():
             future.set_result(reply)
+
+    def on_disconnect(self) -> None:
+        waiters, self._waiters = self._waiters, {}
+        for future in waiters.values():
+            if not future.done():
+                future.set_exception(ConnectionLost(f"lost connection to {self.endpoint}"))

@@ -8,6 +8,8 @@ import logging
 
 from prometheus_client import CollectorRegistry, start_http_server
 
+from switchyard.common.ports import PortRange, bind_in_range
+
 log = logging.getLogger(__name__)
 
 
@@ -17,12 +19,21 @@ def add_metrics_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics-port",
         type=int,
         default=None,
-        help="serve Prometheus /metrics on this port (default: off)",
+        help="serve Prometheus /metrics on this port (0: a free one; default: off)",
     )
 
 
-def serve_metrics(registry: CollectorRegistry, host: str, port: int | None) -> None:
+def serve_metrics(
+    registry: CollectorRegistry, host: str, port: int | None, ports: PortRange | None = None
+) -> int | None:
+    """Serve /metrics; returns the bound port (port 0: a free one of `ports`), None if off."""
     if port is None:
-        return
-    start_http_server(port, addr=host, registry=registry)
-    log.info("metrics on http://%s:%d/metrics", host, port)
+        return None
+
+    def attempt(candidate: int) -> int:
+        start_http_server(candidate, addr=host, registry=registry)
+        return candidate
+
+    bound = bind_in_range(attempt, ports) if port == 0 else attempt(port)
+    log.info("metrics on http://%s:%d/metrics", host, bound)
+    return bound

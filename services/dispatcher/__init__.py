@@ -2,5 +2,6 @@
 
 Layout: `channels` (one EngineClient per instance, opened on Added, closed on Removed),
 `streams` (one generation: engine stream -> neutral replies, abort on cancel), `embeds` (one
-embed request: an Embed call per input, one reply), `service` (ZMQ), `cli`.
+embed request: an Embed call per input, one reply), `stall` (an engine silent on every
+stream), `service` (ZMQ), `cli`.
 """

@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import zmq
 import zmq.asyncio
 
 from switchyard.common import errors
 from switchyard.common.fleet_client import FleetClient
-from switchyard.common.messaging import LoopSocket, decode_routed, new_socket
+from switchyard.common.messaging import LoopSocket, bound_endpoint, decode_routed, new_socket
+from switchyard.common.ports import PortRange
 from switchyard.dispatcher.channels import ChannelPool
 from switchyard.dispatcher.embeds import run_embed
 from switchyard.dispatcher.metrics import DispatcherMetrics
 from switchyard.dispatcher.outbox import Outbox
+from switchyard.dispatcher.stall import StallWatch
 from switchyard.dispatcher.streams import run_generation
 from switchyard.protos import codec
 from switchyard.protos.messages import (
@@ -25,26 +28,55 @@ from switchyard.protos.messages import (
     GenerateFailed,
     GenerateRequest,
     InstanceAdded,
+    InstanceEvent,
+    InstanceRemoved,
 )
 
 log = logging.getLogger(__name__)
 
+# Below the preprocessor's gap timeout (5 s): a frozen engine is caught while its streams
+# still run, and its streams that wait for their first token go with them.
+DEFAULT_STALL_TIMEOUT = 4.0
+
 
 class DispatcherService:
-    def __init__(self, bind: str, fleet_control: str, fleet_events: str) -> None:
+    def __init__(
+        self,
+        bind: str,
+        fleet_control: str,
+        fleet_events: str,
+        stall_timeout: float | None = DEFAULT_STALL_TIMEOUT,
+    ) -> None:
         self.bind = bind
+        # None: off. Else an engine silent on every stream this long has its streams failed.
+        self.stall = StallWatch(stall_timeout) if stall_timeout else None
+        self._by_instance: dict[int, set[tuple[bytes, str]]] = {}
         self.metrics = DispatcherMetrics()
         self.pool = ChannelPool()
-        self.fleet = FleetClient(fleet_control, fleet_events, on_change=self.pool.apply)
+        self.fleet = FleetClient(fleet_control, fleet_events, on_change=self._on_fleet_change)
         self._ctx = zmq.asyncio.Context()
         self._io: LoopSocket | None = None
         self._outbox: Outbox | None = None
         # (peer identity, request id) -> its generation task
         self._tasks: dict[tuple[bytes, str], asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
+        # Instances reported down and not seen again since: one report per transition, not
+        # one per stream that failed on them.
+        self._reported_down: set[int] = set()
 
-    async def run(self, stop: asyncio.Event) -> None:
-        sock = new_socket(self._ctx, zmq.ROUTER, bind=self.bind, sync=True)
+    async def run(
+        self,
+        stop: asyncio.Event,
+        *,
+        ports: PortRange | None = None,
+        on_bound: Callable[[str], None] | None = None,
+    ) -> None:
+        """Serve until `stop`; `on_bound(endpoint)` once the socket is bound (a port 0 in
+        `bind` searched in `ports`)."""
+        sock = new_socket(self._ctx, zmq.ROUTER, bind=self.bind, sync=True, ports=ports)
+        self.bind = bound_endpoint(sock)
+        if on_bound is not None:
+            on_bound(self.bind)
         await self.fleet.start()
         self.pool.apply(
             [
@@ -56,9 +88,12 @@ class DispatcherService:
         log.info("dispatcher ready bind=%s instances=%d", self.bind, len(self.pool))
         self._io = LoopSocket(sock, self._on_message, multipart=True)
         self._outbox = Outbox(self._io, self._peer_gone, self.metrics)
+        watchdog = asyncio.create_task(self._watch_stalls()) if self.stall else None
         try:
             await stop.wait()
         finally:
+            if watchdog is not None:
+                watchdog.cancel()
             self._io.close()
             tasks = list(self._tasks.values())
             for task in tasks:
@@ -74,7 +109,21 @@ class DispatcherService:
             return
         peer, message = routed
         if isinstance(message, GenerateRequest | EmbedRequest):
-            self._start(peer, message)
+            try:
+                self._start(peer, message)
+            except Exception as exc:  # whatever it is, the caller gets its final reply
+                log.exception("cannot start request_id=%s", message.request_id)
+                self.metrics.errors.labels(errors.ENGINE_ERROR).inc()
+                assert self._outbox is not None
+                self._outbox.post(
+                    peer,
+                    GenerateFailed(
+                        request_id=message.request_id,
+                        instance_id=message.instance_id,
+                        kind=errors.ENGINE_ERROR,
+                        message=f"internal error in the dispatcher: {type(exc).__name__}: {exc}",
+                    ),
+                )
         elif isinstance(message, CancelRequest):
             task = self._tasks.get((peer, message.request_id))
             if task is not None:
@@ -104,6 +153,16 @@ class DispatcherService:
             )
             send(failed)
             return
+        if self.stall is not None:
+            # Per reply only a counter and a flag: the watchdog reads them (see stall.py).
+            activity = self.stall.activity(request.instance_id, asyncio.get_running_loop().time())
+            activity.streams += 1
+
+            def send(reply: object) -> None:
+                activity.replies += 1
+                activity.armed = True
+                post(peer, reply)
+
         metrics = self.metrics
         in_flight = metrics.in_flight.labels(str(request.instance_id))
         on_error = metrics.errors.labels
@@ -117,16 +176,63 @@ class DispatcherService:
             job = run_generation(client, request, send, self._report_down, count)
         task = asyncio.create_task(job)
         self._tasks[key] = task
+        streams = self._by_instance.setdefault(request.instance_id, set())
+        streams.add(key)
         metrics.generations.inc()
         in_flight.inc()
 
         def done(_task: asyncio.Task[None]) -> None:
             self._tasks.pop(key, None)
+            streams.discard(key)
             in_flight.dec()
+            if self.stall is not None:
+                activity.streams -= 1
+                if not _task.cancelled() and _task.exception() is None:
+                    activity.armed = False  # ended normally: a quiet engine is not stalled
 
         task.add_done_callback(done)
 
+    async def _watch_stalls(self) -> None:
+        assert self.stall is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.stall.interval)
+            for instance_id in self.stall.check(loop.time()):
+                self._fail_stalled(instance_id)
+
+    def _fail_stalled(self, instance_id: int) -> None:
+        """Every stream on a silent engine fails now (migratable; the engine is reported)."""
+        assert self.stall is not None and self._outbox is not None
+        keys = [k for k in self._by_instance.get(instance_id, ()) if not self._tasks[k].done()]
+        message = f"the engine produced nothing for {self.stall.timeout:g}s on any stream"
+        log.warning(
+            "instance_id=%d stalled: %s; failing its %d stream(s)", instance_id, message, len(keys)
+        )
+        self._report_down(instance_id, errors.TIMEOUT, message)
+        for peer, request_id in keys:
+            self.metrics.errors.labels(errors.TIMEOUT).inc()
+            self._outbox.post(
+                peer,
+                GenerateFailed(
+                    request_id=request_id,
+                    instance_id=instance_id,
+                    kind=errors.TIMEOUT,
+                    message=message,
+                ),
+            )
+            self._tasks[(peer, request_id)].cancel()  # aborts on the engine, sends nothing
+
+    def _on_fleet_change(self, events: list[InstanceEvent]) -> None:
+        self.pool.apply(events)
+        for event in events:
+            if not isinstance(event, InstanceRemoved):  # back (or changed): report it again
+                self._reported_down.discard(event.instance.instance_id)
+
     def _report_down(self, instance_id: int, kind: str, detail: str) -> None:
+        if instance_id in self._reported_down:
+            return
+        self._reported_down.add(instance_id)
+        log.warning("reporting instance down instance_id=%d kind=%s: %s", instance_id, kind, detail)
         self._spawn(self.fleet.report_down(instance_id, kind, detail))
 
     def _spawn(self, coro) -> None:

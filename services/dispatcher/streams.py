@@ -2,6 +2,9 @@
 
 `run_generation` is the per-request hot path: token deltas go out as they arrive; a failure
 becomes one GenerateFailed with its kind; cancellation aborts the request on the engine.
+Whatever goes wrong, the caller gets a final reply: an exception nobody foresaw becomes
+kind `engine_error` (logged once with its traceback and counted), never a silent task death
+that leaves the client waiting for the idle timeout.
 """
 
 from __future__ import annotations
@@ -44,15 +47,33 @@ async def run_generation(
             exc.kind,
             exc.message,
         )
-        if on_error is not None:
-            on_error(exc.kind)
+        _fail(request, exc.kind, exc.message, send, on_error)
         if exc.kind in errors.INSTANCE_DOWN:
             on_instance_down(request.instance_id, exc.kind, exc.message)
-        send(
-            GenerateFailed(
-                request_id=request.request_id,
-                instance_id=request.instance_id,
-                kind=exc.kind,
-                message=exc.message,
-            )
+    except Exception as exc:
+        log.exception(
+            "generation failed unexpectedly request_id=%s instance_id=%d",
+            request.request_id,
+            request.instance_id,
         )
+        message = f"internal error in the dispatcher: {type(exc).__name__}: {exc}"
+        _fail(request, errors.ENGINE_ERROR, message, send, on_error)
+
+
+def _fail(
+    request: GenerateRequest,
+    kind: str,
+    message: str,
+    send: Send,
+    on_error: Callable[[str], None] | None,
+) -> None:
+    if on_error is not None:
+        on_error(kind)
+    send(
+        GenerateFailed(
+            request_id=request.request_id,
+            instance_id=request.instance_id,
+            kind=kind,
+            message=message,
+        )
+    )

@@ -14,6 +14,7 @@ import zmq
 from switchyard.common import endpoints
 from switchyard.common.logs import setup_logging
 from switchyard.common.metrics import add_metrics_arguments, serve_metrics
+from switchyard.common.ports import add_port_arguments, write_ready_file
 from switchyard.common.workers import WorkerSpec, parse_worker
 from switchyard.fleet.service import FleetService
 from switchyard.fleet.source import WorkerSource
@@ -64,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--control",
         default=endpoints.FLEET_CONTROL,
-        help="ROUTER endpoint for snapshots and down reports",
+        help="ROUTER endpoint for snapshots and down reports (port 0: a free one)",
     )
     parser.add_argument(
         "--events", default=endpoints.FLEET_EVENTS, help="PUB endpoint for instance updates"
@@ -91,6 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="give up on a probe after this long (default 2)",
     )
     add_metrics_arguments(parser)
+    add_port_arguments(parser)
     parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper
     )
@@ -112,13 +114,24 @@ async def _serve(args: argparse.Namespace) -> int:
         probe_interval=args.probe_interval,
         readmit_after=args.readmit_after,
         probe_timeout=args.probe_timeout,
+        ports=args.port_range,
     )
     try:
         await service.start()
-        serve_metrics(service.metrics.registry, args.metrics_host, args.metrics_port)
+        metrics_port = serve_metrics(
+            service.metrics.registry, args.metrics_host, args.metrics_port, args.port_range
+        )
     except (ValueError, OSError, zmq.ZMQError) as exc:
         log.error("fleet cannot start: %s", exc)
         return 2
+    write_ready_file(
+        args.ready_file,
+        {
+            "control": service.control_endpoint,
+            "events": service.events_endpoint,
+            "metrics_port": metrics_port,
+        },
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

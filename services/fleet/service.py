@@ -9,6 +9,10 @@ sooner when workers were added) and the file watch loop (polls the workers file 
 second). Every change goes through `_publish`, which diffs the routable list against the
 last published one. Versions start at the startup time in microseconds, so a restarted
 fleet continues above its predecessor and consumers see a gap, not stale versions.
+
+Until its first probe round is done, fleet publishes nothing and holds snapshot requests
+(answered once the round is done): a restarted fleet must not hand its consumers an empty
+set it has not probed yet, or every model would vanish from them for a moment.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import zmq.asyncio
 from switchyard.common.engines import EngineInfo
 from switchyard.common.errors import EngineError
 from switchyard.common.instance_diff import diff_instances, index_instances
+from switchyard.common.ports import PortRange, zmq_bind
 from switchyard.common.workers import WorkerSpec
 from switchyard.fleet.metrics import FleetMetrics
 from switchyard.fleet.prober import Prober
@@ -65,8 +70,10 @@ class FleetService:
         prober: Prober | None = None,
         context: zmq.asyncio.Context | None = None,
         initial_version: int | None = None,
+        ports: PortRange | None = None,
     ) -> None:
         self._source = source
+        self._ports = ports  # where a port 0 in `control` / `events` is searched
         self._control_endpoint = control
         self._events_endpoint = events
         self._probe_interval = probe_interval
@@ -90,9 +97,20 @@ class FleetService:
         self._first_probe: dict[int, float] = {}
         self._answered: set[int] = set()
         self._wake = asyncio.Event()
+        self._probed = False  # the first probe round is done
+        self._held: list[list[bytes]] = []  # snapshot requests' envelopes, until then
         self._router: zmq.asyncio.Socket | None = None
         self._pub: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def control_endpoint(self) -> str:
+        """The control endpoint (bound: a port 0 resolved, once started)."""
+        return self._control_endpoint
+
+    @property
+    def events_endpoint(self) -> str:
+        return self._events_endpoint
 
     @property
     def version(self) -> int:
@@ -118,10 +136,10 @@ class FleetService:
                 self._context = zmq.asyncio.Context()
             self._router = self._context.socket(zmq.ROUTER)
             self._router.setsockopt(zmq.LINGER, 0)
-            self._router.bind(self._control_endpoint)
+            self._control_endpoint = zmq_bind(self._router, self._control_endpoint, self._ports)
             self._pub = self._context.socket(zmq.PUB)
             self._pub.setsockopt(zmq.LINGER, 0)
-            self._pub.bind(self._events_endpoint)
+            self._events_endpoint = zmq_bind(self._pub, self._events_endpoint, self._ports)
         except BaseException:
             await self.close()
             raise
@@ -167,21 +185,38 @@ class FleetService:
                 log.warning("undecodable control request: %s", exc)
                 continue
             if isinstance(request, SnapshotRequest):
-                reply: Snapshot | Ack = Snapshot(
-                    self._version, sorted(self._published.values(), key=lambda i: i.url)
-                )
+                if not self._probed:
+                    self._held.append(frames[:-1])
+                    continue
+                reply: Snapshot | Ack = self._snapshot()
             else:
                 await self._on_down_report(request)
                 reply = Ack()
             # Echo the envelope (identity, and the empty delimiter a REQ peer adds).
             await self._router.send_multipart([*frames[:-1], codec.encode(reply)])
 
+    def _snapshot(self) -> Snapshot:
+        return Snapshot(self._version, sorted(self._published.values(), key=lambda i: i.url))
+
+    async def _first_round_done(self) -> None:
+        self._probed = True
+        await self._publish()
+        held, self._held = self._held, []
+        if held and self._router is not None:
+            log.info("first probe round done: answering %d held snapshot request(s)", len(held))
+            payload = codec.encode(self._snapshot())
+            for envelope in held:
+                await self._router.send_multipart([*envelope, payload])
+
     async def _on_down_report(self, report: InstanceDownReport) -> None:
+        already_down = self._registry.is_down(report.instance_id)
         if not self._registry.mark_down(report.instance_id):
             log.info("down report for unknown instance_id=%s ignored", report.instance_id)
             return
         self._next_probe.pop(report.instance_id, None)  # re-probe at the next tick
-        log.warning(
+        # One line per transition: every stream that failed on the instance may report it.
+        log.log(
+            logging.DEBUG if already_down else logging.WARNING,
             "instance reported down instance_id=%s kind=%s detail=%s",
             report.instance_id,
             report.kind,
@@ -198,6 +233,8 @@ class FleetService:
                 await self._probe_all()
             except Exception:
                 log.exception("probe cycle failed")
+            if not self._probed:
+                await self._first_round_done()
             interval = self._probe_interval
             if self._registry.recovering() or self._failing:
                 interval = self._recovery_interval
@@ -290,6 +327,8 @@ class FleetService:
 
     async def _publish(self) -> None:
         """Publish the difference between the routable set and the last published one."""
+        if not self._probed:
+            return  # nothing is known yet: the first round publishes
         routable = self._registry.routable()
         events = diff_instances(self._published, routable)
         if not events:

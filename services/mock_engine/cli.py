@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from switchyard.common.logs import setup_logging
+from switchyard.common.ports import add_port_arguments, write_ready_file
 from switchyard.common.runner import run_until_signal
 from switchyard.mock_engine import config as cfg
 from switchyard.mock_engine.errors import ConfigError
@@ -20,7 +21,10 @@ logger = logging.getLogger(__name__)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--protocol", required=True, choices=[p.value for p in cfg.EngineProtocol])
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", required=True, type=int, help="0 binds any free port")
+    parser.add_argument(
+        "--port", required=True, type=int, help="0 binds a free port (see --ready-file)"
+    )
+    add_port_arguments(parser)
     parser.add_argument("--model-name", default=cfg.DEFAULT_MODEL_NAME)
     parser.add_argument(
         "--tokenizer",
@@ -253,8 +257,17 @@ def run(args: argparse.Namespace) -> int:
     setup_logging("mock-engine", config.log_level)
 
     async def main(stop: asyncio.Event) -> None:
-        server = MockEngineServer(config)
+        server = MockEngineServer(config, ports=args.port_range)
         await server.start()
+        write_ready_file(
+            args.ready_file,
+            {
+                "port": server.port,
+                "kv_events": server.kv_events_endpoint,
+                "kv_replay": server.kv_replay_endpoint,
+                "kv_transfer_port": server.kv_transfer_port,
+            },
+        )
         try:
             await stop.wait()
         finally:

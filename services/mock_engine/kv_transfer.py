@@ -97,6 +97,7 @@ class KvTransferServer:
         self.port = 0
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
+        self.internal_errors = 0  # fetches that failed on an unforeseen exception
 
     @property
     def connections(self) -> int:
@@ -128,6 +129,12 @@ class KvTransferServer:
             await self._serve(reader, writer)
         except (OSError, asyncio.IncompleteReadError, TimeoutError, _FrameError) as exc:
             logger.debug("kv transfer connection ended: %s", exc)
+        except Exception as exc:  # a bug: the decode side still gets an answer, not silence
+            logger.exception("kv transfer fetch failed unexpectedly")
+            self.internal_errors += 1
+            with contextlib.suppress(OSError):
+                reply = {"ok": False, "error": "internal", "message": f"{type(exc).__name__}"}
+                await _write_frame(writer, reply)
         finally:
             if task is not None:
                 self._handlers.discard(task)
@@ -238,6 +245,17 @@ async def fetch_kv(
         detail = str(exc) or type(exc).__name__
         raise KvTransferFailed(
             key, "broken", f"KV transfer from {where} failed: {detail}"
+        ) from None
+    except (TypeError, ValueError, AttributeError) as exc:  # a reply of the wrong shape
+        raise KvTransferFailed(
+            key, "broken", f"KV transfer from {where}: malformed reply ({exc})"
+        ) from None
+    except KvTransferFailed:
+        raise
+    except Exception as exc:  # never let the decode request hang on an unforeseen error
+        logger.exception("kv fetch from %s failed unexpectedly", where)
+        raise KvTransferFailed(
+            key, "broken", f"KV transfer from {where} failed: {type(exc).__name__}: {exc}"
         ) from None
     finally:
         writer.close()

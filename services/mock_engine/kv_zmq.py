@@ -23,6 +23,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from switchyard.common.ports import PortRange, zmq_bind
 from switchyard.mock_engine.kv_events import KvEventPublisher
 
 logger = logging.getLogger(__name__)
@@ -41,8 +42,10 @@ class KvZmqTransport:
         replay_topic_frame: bool = False,
         skip_seqs: frozenset[int] = frozenset(),
         hwm: int = 100_000,
+        ports: PortRange | None = None,
     ) -> None:
         self._publisher = publisher
+        self._ports = ports  # where a port 0 in an endpoint is searched
         self._endpoint = endpoint
         self._replay_endpoint = replay_endpoint
         self._topic = topic.encode("utf-8")
@@ -70,16 +73,16 @@ class KvZmqTransport:
                 self._pub = pub
                 pub.setsockopt(zmq.LINGER, 0)
                 pub.setsockopt(zmq.SNDHWM, self._hwm)
-                pub.bind(self._endpoint)
+                zmq_bind(pub, self._endpoint, self._ports)
                 self.bound_endpoint = _last_endpoint(pub)
             if self._replay_endpoint is not None:
                 router = ctx.socket(zmq.ROUTER)
                 self._router = router
                 router.setsockopt(zmq.LINGER, 0)
                 router.setsockopt(zmq.SNDHWM, 0)
-                router.bind(self._replay_endpoint)
+                zmq_bind(router, self._replay_endpoint, self._ports)
                 self.bound_replay_endpoint = _last_endpoint(router)
-        except zmq.ZMQError as exc:
+        except (zmq.ZMQError, OSError) as exc:
             self._close_sockets()
             raise OSError(f"cannot bind the KV event sockets: {exc}") from exc
         if self._pub is not None:

@@ -22,6 +22,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from smg_grpc_proto import sglang_scheduler_pb2_grpc, vllm_engine_pb2_grpc
 
+from switchyard.common.ports import PortRange, bind_in_range
 from switchyard.mock_engine import sglang_servicer, vllm_servicer
 from switchyard.mock_engine.config import KV_EVENTS_HWM, EngineProtocol, MockEngineConfig
 from switchyard.mock_engine.deps import ServicerDeps
@@ -40,6 +41,33 @@ from switchyard.mock_engine.types import AllBlocksCleared
 
 logger = logging.getLogger(__name__)
 
+# The gRPC server options of the stock servers, family by family (clients may rely on them:
+# keepalive pings every 10 s are accepted, messages of these sizes pass).
+# SGLang: smg-grpc-servicer's sglang/server.py (0.14).
+SGLANG_SERVER_OPTIONS: list[tuple[str, int | bool]] = [
+    ("grpc.max_send_message_length", 256 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10000),
+    ("grpc.keepalive_permit_without_calls", True),
+]
+# vLLM: vllm/entrypoints/launchers/grpc_server.py (0.30 and later).
+VLLM_SERVER_OPTIONS: list[tuple[str, int | bool]] = [
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.http2.max_ping_strikes", 0),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10000),
+    ("grpc.keepalive_permit_without_calls", True),
+]
+# Not a client-visible option: gRPC binds with SO_REUSEPORT by default, so a port another
+# gRPC server holds would be silently shared; the mock must fail instead (and search on).
+_EXCLUSIVE_BIND = ("grpc.so_reuseport", 0)
+
+
+def server_options(protocol: EngineProtocol) -> list[tuple[str, int | bool]]:
+    family = SGLANG_SERVER_OPTIONS if protocol is EngineProtocol.SGLANG else VLLM_SERVER_OPTIONS
+    return [*family, _EXCLUSIVE_BIND]
+
+
 SERVICE_NAMES = {
     EngineProtocol.SGLANG: sglang_servicer.SERVICE_NAME,
     EngineProtocol.VLLM: vllm_servicer.SERVICE_NAME,
@@ -49,8 +77,15 @@ SERVICE_NAMES = {
 class MockEngineServer:
     """One mock engine: `start()` binds and serves, `stop()` drains and shuts down."""
 
-    def __init__(self, config: MockEngineConfig, *, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        config: MockEngineConfig,
+        *,
+        rng: random.Random | None = None,
+        ports: PortRange | None = None,
+    ) -> None:
         self.config = config
+        self._ports = ports  # where a port 0 (gRPC, KV event sockets) is searched
         self._rng = rng
         self._server: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
@@ -133,10 +168,18 @@ class MockEngineServer:
             faults=faults,
             rng=self._rng,
         )
-        server = grpc.aio.server()
-        port = server.add_insecure_port(f"{config.host}:{config.port}")
-        if port == 0:
-            raise OSError(f"cannot bind {config.host}:{config.port}")
+        server = grpc.aio.server(options=server_options(config.protocol))
+
+        def bind(candidate: int) -> int:
+            try:
+                bound = server.add_insecure_port(f"{config.host}:{candidate}")
+            except RuntimeError as exc:  # grpc: "Failed to bind to address"
+                raise OSError(f"cannot bind {config.host}:{candidate}: {exc}") from None
+            if bound == 0:
+                raise OSError(f"cannot bind {config.host}:{candidate}")
+            return int(bound)
+
+        port = bind(config.port) if config.port else bind_in_range(bind, self._ports)
         transport = KvZmqTransport(
             publisher,
             endpoint=config.kv_events_endpoint,
@@ -145,6 +188,7 @@ class MockEngineServer:
             replay_topic_frame=config.kv_replay_topic_frame,
             skip_seqs=config.kv_skip_seqs,
             hwm=KV_EVENTS_HWM,
+            ports=self._ports,
         )
         disagg = Disaggregation(config, engine)
         try:

@@ -23,15 +23,17 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import zmq
 import zmq.asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from switchyard.common.ports import free_port
+from switchyard.common.ports import free_port, read_ready_file
 from switchyard.mock_engine.config import default_tokenizer_dir
 from switchyard.mock_engine.server import start_mock_engine
 
@@ -86,6 +88,7 @@ class SpawnedEngine:
     process: subprocess.Popen[bytes]
     host: str
     port: int
+    report: dict[str, Any] = dataclasses.field(default_factory=dict)  # its --ready-file
 
     @property
     def target(self) -> str:
@@ -98,30 +101,47 @@ async def spawn_mock_engine(
 ) -> AsyncIterator[SpawnedEngine]:
     """Run `python -m switchyard.mock_engine` on a free port until the block exits.
 
-    Waits for its health service; on exit (also on failure) sends SIGTERM, then kills it if it
-    has not stopped within 10 s. The process's stderr is inherited (visible on test failure).
+    The engine binds a free port itself and reports it (and its KV endpoints) in a ready file;
+    then its health service is awaited. On exit (also on failure) sends SIGTERM, then kills it
+    if it has not stopped within 10 s. The process's stderr is inherited.
     """
-    port = free_port(host)
-    command = [sys.executable, "-m", "switchyard.mock_engine", "--protocol", protocol]
-    command += ["--host", host, "--port", str(port), *args]
-    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=dict(os.environ))
-    try:
-        ready = asyncio.ensure_future(wait_healthy(f"{host}:{port}", timeout_s=ready_timeout_s))
-        while not ready.done():
-            if process.poll() is not None:
-                ready.cancel()
-                raise RuntimeError(f"mock engine exited early with code {process.returncode}")
-            await asyncio.wait({ready}, timeout=0.1)
-        ready.result()
-        yield SpawnedEngine(process, host, port)
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
+    with tempfile.TemporaryDirectory(prefix="mock-engine-") as folder:
+        ready_file = Path(folder) / "ready.json"
+        command = [sys.executable, "-m", "switchyard.mock_engine", "--protocol", protocol]
+        command += ["--host", host, "--port", "0", "--ready-file", str(ready_file), *args]
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=dict(os.environ))
+        try:
             try:
-                await asyncio.to_thread(process.wait, 10.0)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                await asyncio.to_thread(process.wait)
+                report = await asyncio.to_thread(
+                    read_ready_file, ready_file, process, ready_timeout_s
+                )
+            except RuntimeError as exc:
+                raise RuntimeError(f"mock engine {exc}") from None
+            async with _healthy(process, host, report, ready_timeout_s) as engine:
+                yield engine
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    await asyncio.to_thread(process.wait, 10.0)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    await asyncio.to_thread(process.wait)
+
+
+@contextlib.asynccontextmanager
+async def _healthy(
+    process: subprocess.Popen[bytes], host: str, report: dict[str, Any], timeout_s: float
+) -> AsyncIterator[SpawnedEngine]:
+    port = int(report["port"])
+    ready = asyncio.ensure_future(wait_healthy(f"{host}:{port}", timeout_s=timeout_s))
+    while not ready.done():
+        if process.poll() is not None:
+            ready.cancel()
+            raise RuntimeError(f"mock engine exited early with code {process.returncode}")
+        await asyncio.wait({ready}, timeout=0.1)
+    ready.result()
+    yield SpawnedEngine(process, host, port, report)
 
 
 @contextlib.asynccontextmanager

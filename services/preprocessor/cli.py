@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import socket
 
 import uvicorn
 
 from switchyard.common import endpoints
 from switchyard.common.logs import setup_logging
 from switchyard.common.metrics import add_metrics_arguments, serve_metrics
+from switchyard.common.ports import add_port_arguments, bind_tcp, write_ready_file
 from switchyard.preprocessor.app import create_app
 from switchyard.preprocessor.edge import Edge
 from switchyard.preprocessor.state import PreprocessorConfig, PreprocessorState
@@ -19,7 +19,12 @@ from switchyard.preprocessor.tokenizer_source import parse_tokenizer_flags
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=endpoints.HTTP_HOST)
-    parser.add_argument("--port", type=int, default=endpoints.HTTP_PORT)
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=endpoints.HTTP_PORT,
+        help="HTTP port (0: a free one of --port-range, see --ready-file)",
+    )
     parser.add_argument(
         "--router",
         action="append",
@@ -47,15 +52,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--stream-idle-timeout",
         type=float,
         default=60.0,
-        help="seconds an engine may take to its first reply (a long prefill) before the "
-        "attempt counts as failed and migrates (default 60)",
+        help="seconds to wait for a stream's first token (a long prompt's prefill) before "
+        "it counts as failed and migrates",
     )
     parser.add_argument(
         "--stream-gap-timeout",
         type=float,
-        default=10.0,
-        help="seconds without a reply between tokens after which the attempt counts as "
-        "failed and migrates: a frozen engine (default 10)",
+        default=5.0,
+        help="seconds without a token, once tokens flow, after which a stream counts as "
+        "failed and migrates (a frozen engine)",
+    )
+    parser.add_argument(
+        "--dispatcher-wait",
+        type=float,
+        default=30.0,
+        help="seconds a stream waits for a dispatcher when none is connected (one restarting)",
     )
     parser.add_argument("--migration-limit", type=int, default=3)
     parser.add_argument(
@@ -92,6 +103,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "switchyard_preprocessor_stage_seconds{stage}",
     )
     add_metrics_arguments(parser)  # /metrics is also served on the HTTP port
+    add_port_arguments(parser)
     parser.add_argument("--log-level", default="INFO")
 
 
@@ -115,13 +127,16 @@ def run(args: argparse.Namespace) -> int:
         stream_idle_timeout=args.stream_idle_timeout,
         stream_gap_timeout=args.stream_gap_timeout,
         stage_timing=args.stage_timing,
+        dispatcher_wait=args.dispatcher_wait,
         migration_limit=args.migration_limit,
         tokenize_offload_chars=args.tokenize_offload_chars,
         # Sharing the port: listen once ready, so the kernel picks only ready processes.
         listen_when_ready_s=READY_WAIT_S if args.reuse_port else 0.0,
     )
     state = PreprocessorState(config)
-    serve_metrics(state.metrics.registry, args.metrics_host, args.metrics_port)
+    metrics_port = serve_metrics(
+        state.metrics.registry, args.metrics_host, args.metrics_port, args.port_range
+    )
     app = Edge(create_app(state), state.deps, args.max_body_bytes)
     server = uvicorn.Server(
         uvicorn.Config(
@@ -136,19 +151,17 @@ def run(args: argparse.Namespace) -> int:
             timeout_keep_alive=args.keep_alive_timeout,
         )
     )
-    sockets = [_reuse_port_socket(args.host, args.port)] if args.reuse_port else None
-    server.run(sockets=sockets)
+    # Bound here (uvicorn listens on it once the app started): port 0 is searched in
+    # --port-range and reported, so no other process ever picks the number for us.
+    try:
+        sock = bind_tcp(args.host, args.port, args.port_range, reuse_port=args.reuse_port)
+    except OSError as exc:
+        raise SystemExit(f"preprocessor: cannot bind {args.host}:{args.port}: {exc}") from None
+    sock.set_inheritable(True)
+    port = int(sock.getsockname()[1])
+    write_ready_file(args.ready_file, {"port": port, "metrics_port": metrics_port})
+    server.run(sockets=[sock])
     return 0
 
 
 READY_WAIT_S = 60.0
-
-
-def _reuse_port_socket(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
-    sock.set_inheritable(True)
-    return sock

@@ -5,10 +5,15 @@ cancel must reach the same one). Replies are fanned out to per-request queues by
 When a replica's connection drops, every stream it carried is failed at once (kind
 `disconnected`, not the engine's fault), so the pipeline migrates them through another
 replica instead of waiting for the idle timeout.
+
+`open` waits (up to `wait_s`) for a replica to be connected: while the only dispatcher
+restarts (`switchyard up` restarts a crashed child after a backoff of up to 10 s, then it
+starts up), a new or migrating stream waits for it instead of failing.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from typing import Any
 
@@ -83,10 +88,16 @@ class GenerationStream:
             self._replica.streams.discard(self.request_id)
 
 
+DEFAULT_WAIT_S = 30.0  # longer than `up`'s longest restart backoff (10 s) plus a start-up
+
+
 class DispatcherClient:
-    def __init__(self, endpoints: list[str]) -> None:
+    def __init__(self, endpoints: list[str], wait_s: float = DEFAULT_WAIT_S) -> None:
         if not endpoints:
             raise ValueError("at least one dispatcher endpoint is needed")
+        if wait_s < 0:
+            raise ValueError("the dispatcher wait must be >= 0")
+        self.wait_s = wait_s
         self.streams: dict[str, GenerationStream] = {}
         self._replicas = [_Replica(e, self.streams) for e in endpoints]
         self._turn = itertools.cycle(range(len(self._replicas)))
@@ -96,7 +107,18 @@ class DispatcherClient:
             replica.start()
 
     async def wait_connected(self, timeout: float) -> bool:
-        return any([await r.wait_connected(timeout) for r in self._replicas])
+        """True once any replica is connected (at once when one is); False after `timeout`."""
+        if any(r.connected for r in self._replicas):
+            return True
+        waits = [asyncio.ensure_future(r.wait_connected(timeout)) for r in self._replicas]
+        try:
+            for done in asyncio.as_completed(waits):
+                if await done:
+                    return True
+            return False
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     def _pick(self) -> _Replica:
         first = next(self._turn)
@@ -108,7 +130,16 @@ class DispatcherClient:
     async def open(
         self, request: GenerateRequest, queue: ReplyQueue | None = None
     ) -> GenerationStream:
-        replica = self._pick()
+        """Start a generation on a connected replica; NoDispatcher when none is connected
+        within `wait_s`."""
+        try:
+            replica = self._pick()
+        except NoDispatcher:
+            if not await self.wait_connected(self.wait_s):
+                raise NoDispatcher(
+                    f"no dispatcher is reachable (waited {self.wait_s:g}s)"
+                ) from None
+            replica = self._pick()
         stream = GenerationStream(self, replica, request, queue)
         self.streams[request.request_id] = stream
         replica.streams.add(request.request_id)

@@ -66,6 +66,12 @@ class PreprocessorMetrics:
             "requests routed locally because no router answered",
             registry=r,
         )
+        self.internal_errors = Counter(
+            "switchyard_preprocessor_internal_errors",
+            "requests failed by an unforeseen exception, by stage",
+            ["stage"],
+            registry=r,
+        )
         self.active = Gauge(
             "switchyard_preprocessor_active_requests", "requests being generated", registry=r
         )

@@ -14,8 +14,11 @@ plain dispatch's do, and so do the hop's own failures.
 A failure of the hop before the decode leg's first token (a prefill leg failing or silent, a
 decode leg whose KV transfer failed: see `HopStream.blame`) is reported as a migratable
 GenerateFailed naming the prefill instance, so the generation re-routes without it; other
-decode-leg failures pass as they are. Every wait is bounded by the idle timeout; an unexpected
-exception in a hop task fails the hop (never a silent task death).
+decode-leg failures pass as they are. Every wait is bounded by the idle timeout. Whatever goes
+wrong inside the hop's own tasks, the generation gets a final reply: an expected failure (no
+dispatcher) fails the hop as migratable; an unforeseen exception becomes one GenerateFailed of
+kind `engine_error` (logged with its traceback, counted through `on_internal_error`), never a
+hop that stays silent until the idle timeout.
 """
 
 from __future__ import annotations
@@ -102,11 +105,13 @@ class HopStream:
         prefill: Instance,
         idle_timeout: float,
         queue: ReplyQueue,
+        on_internal_error: Callable[[str], None] | None = None,
     ) -> None:
         self.request = request
         self.prefill = prefill
         self.idle_timeout = idle_timeout
         self.queue = queue
+        self.on_internal_error = on_internal_error
         self.started = False
         self.done = False  # the hop reported its own final message
         self._legs: list[GenerationStream] = []
@@ -159,9 +164,31 @@ class HopStream:
             await coro
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # a bug or a lost dispatcher: fail the hop, never hang
-            log.exception("prefill hop task failed request_id=%s", self.request.request_id)
+        except errors.SwitchyardError as exc:  # e.g. no dispatcher: fail the hop, never hang
             self._fail(errors.DISCONNECTED, f"{type(exc).__name__}: {exc}")
+        except Exception as exc:
+            self._internal_error(exc)
+
+    def _internal_error(self, exc: Exception) -> None:
+        """A bug, not a fault of the engines: fail the request (not migratable), once."""
+        log.error(
+            "prefill hop failed unexpectedly request_id=%s prefill_instance_id=%d",
+            self.request.request_id,
+            self.prefill.instance_id,
+            exc_info=exc,
+        )
+        if self.on_internal_error is not None:
+            self.on_internal_error("prefill_hop")
+        if not self.done:
+            self.done = True
+            self.queue.put_nowait(
+                GenerateFailed(
+                    request_id=self.request.request_id,
+                    instance_id=self.prefill.instance_id,
+                    kind=errors.ENGINE_ERROR,
+                    message=f"internal error in the prefill hop: {type(exc).__name__}: {exc}",
+                )
+            )
 
     async def cancel(self) -> None:
         for task in self._tasks:
@@ -286,12 +313,13 @@ async def open_hop(
     decode: Instance,
     idle_timeout: float,
     queue: ReplyQueue,
+    on_internal_error: Callable[[str], None] | None = None,
 ) -> HopStream:
     """Start the hop for `request` (addressed to the decode instance); replies go to `queue`."""
     hop: _SglangHop | _VllmHop
     if prefill.protocol == PROTOCOL_SGLANG:
-        hop = _SglangHop(request, prefill, idle_timeout, queue)
+        hop = _SglangHop(request, prefill, idle_timeout, queue, on_internal_error)
     else:
-        hop = _VllmHop(request, prefill, idle_timeout, queue)
+        hop = _VllmHop(request, prefill, idle_timeout, queue, on_internal_error)
     await hop.start(open_stream, decode)
     return hop

@@ -4,13 +4,20 @@ Several router replicas may run side by side; each request goes to a connected o
 When none answers, the preprocessor keeps serving: `LocalFallback` round-robins over the
 instances fleet reports, and the caller is told (`fallback` in the reply's policy) so it can
 log and count it. KV routing resumes as soon as a router is connected again.
+
+A route call whose router connection drops fails at once and goes to the next router (or the
+fallback). A router that let a call time out (frozen, or overloaded) is skipped for
+`SUSPECT_S`, or until any late reply shows it answers again, so that the requests behind
+it do not each wait the route timeout.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from switchyard.common.messaging import RequestReplyClient
 from switchyard.protos import codec
@@ -26,11 +33,17 @@ from switchyard.protos.messages import (
 log = logging.getLogger(__name__)
 
 FALLBACK_POLICY = "local_round_robin"
+SUSPECT_S = 5.0
 
 
 class _Router(RequestReplyClient):
     def __init__(self, endpoint: str) -> None:
         super().__init__(endpoint, codec.route_response, key=lambda r: r.request_id)
+        self.suspect_until = 0.0  # monotonic: skipped until then (it let a call time out)
+
+    def handle(self, reply: Any) -> None:
+        self.suspect_until = 0.0  # it answers (maybe late): no longer suspect
+        super().handle(reply)
 
 
 class LocalFallback:
@@ -88,19 +101,25 @@ class RouterClient:
     def _connected(self) -> list[_Router]:
         first = next(self._turn)
         ordered = self._routers[first:] + self._routers[:first]
-        return [r for r in ordered if r.connected]
+        now = time.monotonic()
+        return [r for r in ordered if r.connected and r.suspect_until <= now]
 
     async def route(self, request: RouteRequest, timeout: float) -> RouteResponse:
         for router in self._connected():
             try:
                 reply: RouteResponse = await router.call(request.request_id, request, timeout)
             except TimeoutError:
+                router.suspect_until = time.monotonic() + SUSPECT_S
                 log.warning(
-                    "router %s did not answer request_id=%s in %.1fs",
+                    "router %s did not answer request_id=%s in %.1fs: skipped for %gs",
                     router.endpoint,
                     request.request_id,
                     timeout,
+                    SUSPECT_S,
                 )
+                continue
+            except ConnectionError as exc:  # the router died under the call
+                log.warning("route call request_id=%s: %s", request.request_id, exc)
                 continue
             if not request.dry_run:
                 self._routed_by[request.request_id] = router

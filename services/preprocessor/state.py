@@ -34,8 +34,9 @@ class PreprocessorConfig:
     tokenizer_dir: Path | None = None  # for every model (else fetched from its engines)
     tokenizer_dirs: dict[str, Path] = field(default_factory=dict)  # per model
     route_timeout: float = 5.0
-    stream_idle_timeout: float = 60.0  # waiting for an attempt's first reply
-    stream_gap_timeout: float = 10.0  # between replies once tokens flow
+    stream_idle_timeout: float = 60.0  # for an attempt's first token
+    stream_gap_timeout: float = 5.0  # between tokens, once they flow
+    dispatcher_wait: float = 30.0  # for a connected dispatcher (one restarting)
     migration_limit: int = 3
     tokenize_offload_chars: int = OFFLOAD_CHARS
     listen_when_ready_s: float = 0.0  # >0: start listening once ready (or after this long)
@@ -46,6 +47,8 @@ class PreprocessorConfig:
             raise ValueError("at least one router and one dispatcher endpoint are needed")
         if min(self.route_timeout, self.stream_idle_timeout, self.stream_gap_timeout) <= 0:
             raise ValueError("timeouts must be positive")
+        if self.dispatcher_wait < 0:
+            raise ValueError("--dispatcher-wait must be >= 0")
         if self.migration_limit < 0:
             raise ValueError("--migration-limit must be >= 0")
         if self.tokenize_offload_chars < 0:
@@ -62,7 +65,7 @@ class PreprocessorState:
         self.fleet = FleetClient(cfg.fleet_control, cfg.fleet_events, on_change=self._on_change)
         self.metrics = PreprocessorMetrics()
         self.router = RouterClient(cfg.routers, lambda: self.fleet.instances)
-        self.dispatcher = DispatcherClient(cfg.dispatchers)
+        self.dispatcher = DispatcherClient(cfg.dispatchers, cfg.dispatcher_wait)
         self.tokenizers = ModelTokenizers(
             lambda: self.fleet.instances, cfg.tokenizer_dir, cfg.tokenizer_dirs
         )

@@ -8,6 +8,7 @@ import asyncio
 from switchyard.common import endpoints
 from switchyard.common.logs import setup_logging
 from switchyard.common.metrics import add_metrics_arguments, serve_metrics
+from switchyard.common.ports import add_port_arguments, write_ready_file
 from switchyard.common.runner import run_until_signal
 from switchyard.router.core import DEFAULT_DISAGG_MIN_UNCACHED_TOKENS, RouterCore
 from switchyard.router.load import InFlightTracker
@@ -16,7 +17,11 @@ from switchyard.router.service import RouterService
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bind", default=endpoints.ROUTER, help="ZMQ endpoint to serve on")
+    parser.add_argument(
+        "--bind",
+        default=endpoints.ROUTER,
+        help="ZMQ endpoint to serve on (port 0: a free one, see --ready-file)",
+    )
     parser.add_argument("--fleet-control", default=endpoints.FLEET_CONTROL)
     parser.add_argument("--fleet-events", default=endpoints.FLEET_EVENTS)
     parser.add_argument("--router-mode", choices=MODES, default="kv")
@@ -46,6 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds after which an unfinished request stops counting as load",
     )
     add_metrics_arguments(parser)
+    add_port_arguments(parser)
     parser.add_argument("--log-level", default="INFO")
 
 
@@ -60,7 +66,13 @@ def run(args: argparse.Namespace) -> int:
             disagg_min_uncached_tokens=args.disagg_min_uncached_tokens,
         )
         service = RouterService(core, args.bind, args.fleet_control, args.fleet_events)
-        serve_metrics(service.metrics.registry, args.metrics_host, args.metrics_port)
-        await service.run(stop)
+        metrics_port = serve_metrics(
+            service.metrics.registry, args.metrics_host, args.metrics_port, args.port_range
+        )
+
+        def bound(endpoint: str) -> None:
+            write_ready_file(args.ready_file, {"bind": endpoint, "metrics_port": metrics_port})
+
+        await service.run(stop, ports=args.port_range, on_bound=bound)
 
     return run_until_signal(main)

@@ -12,7 +12,8 @@ import zmq
 import zmq.asyncio
 
 from switchyard.common.fleet_client import FleetClient
-from switchyard.common.messaging import LoopSocket, decode_routed, new_socket
+from switchyard.common.messaging import LoopSocket, bound_endpoint, decode_routed, new_socket
+from switchyard.common.ports import PortRange
 from switchyard.protos import codec
 from switchyard.protos.messages import (
     InstanceAdded,
@@ -50,8 +51,19 @@ class RouterService:
         self.fleet = FleetClient(fleet_control, fleet_events, on_change=self._on_fleet_change)
         self._sock: LoopSocket | None = None
 
-    async def run(self, stop: asyncio.Event) -> None:
-        raw = new_socket(self._ctx, zmq.ROUTER, bind=self.bind, sync=True)
+    async def run(
+        self,
+        stop: asyncio.Event,
+        *,
+        ports: PortRange | None = None,
+        on_bound: Callable[[str], None] | None = None,
+    ) -> None:
+        """Serve until `stop`; `on_bound(endpoint)` once the socket is bound (a port 0 in
+        `bind` searched in `ports`)."""
+        raw = new_socket(self._ctx, zmq.ROUTER, bind=self.bind, sync=True, ports=ports)
+        self.bind = bound_endpoint(raw)
+        if on_bound is not None:
+            on_bound(self.bind)
         await self.fleet.start()
         self.core.set_instances(self.fleet.instances)
         if self.ingestor is not None:

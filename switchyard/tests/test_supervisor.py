@@ -61,3 +61,16 @@ class TestSupervisor:
         procs = [sup.start(ChildSpec(f"s{i}", SLEEP.argv)) for i in range(3)]
         sup.stop_all(grace=5)
         assert all(p.poll() is not None for p in procs)
+
+
+class TestRespec:
+    def test_a_restart_runs_the_new_command_line(self, tmp_path):
+        """`up` re-specs each child with the ports it bound, so a restart binds them again."""
+        marker = tmp_path / "restarted"
+        sup = Supervisor(backoff=0.01, max_restarts=10)
+        try:
+            sup.start(CRASH)
+            sup.respec("crash", [sys.executable, "-c", f"open({str(marker)!r}, 'w')"])
+            poll_until(sup, marker.exists)
+        finally:
+            sup.stop_all()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import array
+import asyncio
 import hashlib
 import sys
 from collections.abc import AsyncIterator
@@ -25,13 +26,26 @@ from switchyard.protos.messages import (
     TokenLogprobs,
 )
 
+# Keepalive: a frozen engine (SIGSTOP, a hung host) keeps its TCP connection open, so only
+# an unanswered HTTP/2 ping shows it: the transport closes and its calls fail UNAVAILABLE
+# (cannot_connect: instance down, migrate). The stock servers accept a ping every 10 s
+# without data (SGLang: min_ping_interval_without_data_ms 10000, permit_without_calls, and
+# the default 2 ping strikes before GOAWAY too_many_pings; vLLM 0.30+: the same with
+# max_ping_strikes 0). Pings come every 12 s (margin over the 10 s floor, so no strike
+# ever) and only while calls are open: that is when a frozen engine costs something, and
+# older vLLM servers (a misspelt option left them at 300 s) then strike nothing on idle
+# channels. A frozen engine is noticed within 12 + 4 s; streams notice it sooner through
+# the preprocessor's gap timeout.
+KEEPALIVE_TIME_MS = 12_000
+KEEPALIVE_TIMEOUT_MS = 4_000
+
 # Tokenizer zips and server info can be several MB; generation messages are small.
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.keepalive_permit_without_calls", 0),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.enable_retries", 0),
     # Reconnect quickly after an engine restarts (the default backoff grows to 120 s).
@@ -82,6 +96,13 @@ def _detail(
     if index == 0 and logprobs is None and prompt is None:
         return None
     return DeltaDetail(index, logprobs, prompt)
+
+
+def _caller_cancelled() -> bool:
+    """A CancelledError in a stream is the caller's when its task is being cancelled; else
+    grpc.aio cancelled the call because its channel was closed under it."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 class EngineClient(abc.ABC):
@@ -180,16 +201,31 @@ class EngineClient(abc.ABC):
         except EngineError as exc:
             exc.instance_id = self.instance_id
             raise
+        except (ValueError, TypeError, OverflowError) as exc:
+            # A value the family's proto field cannot hold (top_k >= 2^31 in an int32, ...).
+            raise EngineError(
+                errors.BAD_REQUEST,
+                f"the engine protocol cannot take this request: {exc}",
+                self.instance_id,
+            ) from exc
         if request.sampling.n == 1 and request.logprobs is None and request.prompt_logprobs is None:
             return self._generate_plain(request, built)
         return self._generate_detailed(request, built)
+
+    def _call(self, built: Any) -> Any:
+        try:
+            return self.stub.Generate(built)
+        except grpc.aio.UsageError as exc:  # the channel was closed (instance removed)
+            raise EngineError(
+                errors.DISCONNECTED, f"channel closed: {exc}", self.instance_id
+            ) from exc
 
     async def _generate_plain(
         self, request: GenerateRequest, built: Any
     ) -> AsyncIterator[GenerateEvent]:
         """One choice, no logprobs: the per-token hot path."""
         request_id = request.request_id
-        call = self.stub.Generate(built)
+        call = self._call(built)
         generated = 0
         try:
             async for reply in call:
@@ -207,6 +243,13 @@ class EngineClient(abc.ABC):
                     return
         except grpc.aio.AioRpcError as exc:
             raise self._error(exc) from exc
+        except asyncio.CancelledError:
+            if _caller_cancelled():
+                raise
+            # grpc.aio cancels the calls of a channel that is closed under them.
+            raise EngineError(
+                errors.DISCONNECTED, "the channel to the engine was closed", self.instance_id
+            ) from None
         finally:
             call.cancel()
         raise EngineError(errors.DISCONNECTED, "stream ended without complete", self.instance_id)
@@ -224,7 +267,7 @@ class EngineClient(abc.ABC):
         prompt_pending = request.prompt_logprobs is not None
         generated = [0] * choices
         finished = 0
-        call = self.stub.Generate(built)
+        call = self._call(built)
         try:
             async for reply in call:
                 streamed = reply.HasField("chunk")
@@ -268,6 +311,13 @@ class EngineClient(abc.ABC):
                         return
         except grpc.aio.AioRpcError as exc:
             raise self._error(exc) from exc
+        except asyncio.CancelledError:
+            if _caller_cancelled():
+                raise
+            # grpc.aio cancels the calls of a channel that is closed under them.
+            raise EngineError(
+                errors.DISCONNECTED, "the channel to the engine was closed", self.instance_id
+            ) from None
         finally:
             call.cancel()
         raise EngineError(errors.DISCONNECTED, "stream ended without complete", self.instance_id)

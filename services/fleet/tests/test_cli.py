@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from switchyard.common.fleet_client import FleetClient
+from switchyard.common.ports import read_ready_file
 
 
 @contextlib.asynccontextmanager
@@ -35,20 +36,25 @@ async def exit_code(*args: str) -> tuple[int, str]:
 
 
 class TestCli:
-    async def test_serves_then_exits_cleanly_on_sigterm(self, make_engine, free_port, until):
+    async def test_serves_then_exits_cleanly_on_sigterm(self, make_engine, until, tmp_path):
         engine = await make_engine("vllm", "--model-name", "cli-model")
-        control, events = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
+        ready = tmp_path / "ready.json"
         args = [
             "--worker",
             engine.url,
             "--control",
-            control,
+            "tcp://127.0.0.1:0",
             "--events",
-            events,
+            "tcp://127.0.0.1:0",
             "--probe-interval",
             "0.2",
+            "--ready-file",
+            str(ready),
         ]
         async with fleet_process(*args) as proc:
+            report = await asyncio.to_thread(read_ready_file, ready, None, 30)
+            control, events = report["control"], report["events"]
+            assert control != events and not control.endswith(":0")
             async with FleetClient(control, events) as client:
                 await client.start(timeout=30)
                 await until(lambda: len(client.instances) == 1, "the engine", deadline=30)

@@ -23,19 +23,20 @@ def write_workers(path, urls) -> None:
 @contextlib.asynccontextmanager
 async def running(source, free_port, probe_interval=0.2):
     """A started FleetService and a FleetClient synced to it; both closed on exit."""
-    control, events = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
     service = FleetService(
         source,
-        control=control,
-        events=events,
+        control="tcp://127.0.0.1:0",  # bound by the service: see control_endpoint
+        events="tcp://127.0.0.1:0",
         probe_interval=probe_interval,
         probe_timeout=1.0,
         watch_interval=0.05,
     )
     changes: list = []
-    client = FleetClient(control, events, on_change=changes.extend)
+    await service.start()
+    client = FleetClient(
+        service.control_endpoint, service.events_endpoint, on_change=changes.extend
+    )
     try:
-        await service.start()
         await client.start(timeout=10)
         yield service, client, changes
     finally:

@@ -16,7 +16,7 @@ from smg_grpc_proto import vllm_engine_pb2_grpc as pb_grpc
 
 from switchyard.mock_engine.cli import add_arguments, config_from_args, run
 from switchyard.mock_engine.config import EngineProtocol, EventFormat, HashForm, Role
-from switchyard.mock_engine.testing import free_port, kv_replay, spawn_mock_engine
+from switchyard.mock_engine.testing import kv_replay, spawn_mock_engine
 
 
 class TestArguments:
@@ -132,10 +132,11 @@ class TestSubprocess:
             assert code == 0
 
     async def test_sglang_process_publishes_kv_events(self) -> None:
-        pub, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-        args = ("--kv-events-endpoint", pub, "--kv-replay-endpoint", replay)
-        async with spawn_mock_engine("sglang", "--speedup", "100", *args):
-            replies = await kv_replay(replay, 0)
+        local = "tcp://127.0.0.1:0"
+        args = ("--kv-events-endpoint", local, "--kv-replay-endpoint", local)
+        async with spawn_mock_engine("sglang", "--speedup", "100", *args) as engine:
+            assert engine.report["kv_events"] != engine.report["kv_replay"]
+            replies = await kv_replay(engine.report["kv_replay"], 0)
         assert replies[0][1] == (0).to_bytes(8, "big")  # AllBlocksCleared, sequence 0
         assert msgspec.msgpack.decode(replies[0][2])[1] == [{"type": "AllBlocksCleared"}]
 

@@ -122,7 +122,12 @@ class Generation:
         if pair is not None:
             self.hops += 1
             self.stream = await open_hop(
-                self._open, request, *pair, deps.limits.first_token_timeout, state.queue
+                self._open,
+                request,
+                *pair,
+                deps.limits.first_token_timeout,
+                state.queue,
+                deps.metrics.internal_errors.labels("prefill_hop").inc,
             )
             stage = "hop"
         else:
@@ -169,14 +174,10 @@ class Generation:
         return prefill, decode
 
     async def _open(self, request: GenerateRequest, queue: ReplyQueue | None) -> GenerationStream:
-        dispatcher = self.ctx.deps.dispatcher
-        try:
-            return await dispatcher.open(request, queue)
-        except NoDispatcher:
-            # A dispatcher restarting: give the replicas a moment to come back.
-            if await dispatcher.wait_connected(self.ctx.deps.limits.route_timeout):
-                return await dispatcher.open(request, queue)
-            raise NoWorker("no_dispatcher", "no dispatcher is reachable") from None
+        try:  # waits (bounded) for a replica while the only dispatcher restarts
+            return await self.ctx.deps.dispatcher.open(request, queue)
+        except NoDispatcher as exc:
+            raise NoWorker("no_dispatcher", str(exc)) from None
 
     # ---- what the token loop reports --------------------------------------------------
 

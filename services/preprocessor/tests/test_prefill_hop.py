@@ -189,3 +189,40 @@ async def test_vllm_prefill_ending_on_eos_is_the_whole_answer():
     out = await drain(hop)
     assert [type(r) for r in out] == [TokenDelta, GenerateFinished]
     assert out[0].request_id == "r" and len(fake.opened) == 1
+
+
+class TestNoSilentDeath:
+    """Issue 14: an exception nobody foresaw inside a hop task killed it without a reply,
+    and the request waited for the idle timeout."""
+
+    async def test_a_bug_in_a_hop_task_becomes_one_engine_error_reply(self, caplog):
+        class BrokenQueue:
+            async def get(self):
+                raise RuntimeError("bug")
+
+        class Dispatcher(FakeDispatcher):
+            async def open(self, request, queue):
+                stream = await super().open(request, queue)
+                if request.request_id.endswith(PREFILL_SUFFIX):
+                    stream.queue = BrokenQueue()  # the prefill leg's reader trips
+                return stream
+
+        for protocol, bootstrap in (("sglang", 8998), ("vllm", None)):
+            counted: list[str] = []
+            queue = hop_queue()
+            hop = await open_hop(
+                Dispatcher(lambda req: []).open,
+                request(),
+                inst(1, protocol, bootstrap),
+                inst(2, protocol),
+                30.0,
+                queue,
+                counted.append,
+            )
+            async with asyncio.timeout(10):  # far below the 30 s idle timeout
+                reply = await queue.get()
+            hop.close()
+            assert isinstance(reply, GenerateFailed), protocol
+            assert reply.kind == errors.ENGINE_ERROR and "RuntimeError: bug" in reply.message
+            assert counted == ["prefill_hop"], protocol
+        assert "prefill hop failed unexpectedly request_id=r" in caplog.text
