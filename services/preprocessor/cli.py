@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 import uvicorn
 
@@ -12,6 +13,7 @@ from switchyard.common.metrics import add_metrics_arguments, serve_metrics
 from switchyard.common.ports import add_port_arguments, bind_tcp, write_ready_file
 from switchyard.preprocessor.app import create_app
 from switchyard.preprocessor.edge import Edge
+from switchyard.preprocessor.parsers.registry import reasoning_format, tool_parser_class
 from switchyard.preprocessor.state import PreprocessorConfig, PreprocessorState
 from switchyard.preprocessor.tokenizer import OFFLOAD_CHARS, TOKENIZER_FILE
 from switchyard.preprocessor.tokenizer_source import parse_tokenizer_flags
@@ -46,6 +48,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="[MODEL=]DIR",
         help="tokenizer folder: DIR for every model, MODEL=DIR for one (repeat); "
         "default: each model's from one of its engines (GetTokenizer)",
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        action="append",
+        default=[],
+        metavar="[MODEL=]NAME",
+        help="how a model's tool calls are read from its output: deepseek_v3, deepseek_r1, "
+        "deepseek_v31, hermes (qwen25, qwen3), llama3_json, llama4_json, mistral, kimi_k2, "
+        "none; MODEL=NAME for one model (repeat); default: guessed from the model's chat "
+        "template and config.json",
+    )
+    parser.add_argument(
+        "--reasoning-parser",
+        action="append",
+        default=[],
+        metavar="[MODEL=]NAME",
+        help="how a model's reasoning is split from its answer: deepseek_r1, deepseek_v31, "
+        "qwen3, kimi_k2, none; MODEL=NAME for one model (repeat); default: guessed",
     )
     parser.add_argument("--route-timeout", type=float, default=5.0)
     parser.add_argument(
@@ -116,7 +136,14 @@ def run(args: argparse.Namespace) -> int:
     for folder in [default_dir, *per_model.values()]:
         if folder is not None and not (folder / TOKENIZER_FILE).is_file():
             raise SystemExit(f"preprocessor: --tokenizer: no {TOKENIZER_FILE} in {folder}")
+    try:
+        tool_parsers = _parser_flags(args.tool_call_parser, tool_parser_class)
+        reasoning_parsers = _parser_flags(args.reasoning_parser, reasoning_format)
+    except ValueError as exc:
+        raise SystemExit(f"preprocessor: {exc}") from None
     config = PreprocessorConfig(
+        tool_parsers=tool_parsers,
+        reasoning_parsers=reasoning_parsers,
         routers=args.router or [endpoints.ROUTER],
         dispatchers=args.dispatcher or [endpoints.DISPATCHER],
         fleet_control=args.fleet_control,
@@ -165,3 +192,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 READY_WAIT_S = 60.0
+
+
+def _parser_flags(values: list[str], check: Callable[[str], object]) -> dict[str, str]:
+    """`[MODEL=]NAME` values -> {model or "": name}, each name checked now (fail at start)."""
+    out: dict[str, str] = {}
+    for value in values:
+        model, sep, name = value.rpartition("=")
+        key = model if sep else ""
+        check(name)
+        out[key] = name
+    return out

@@ -4,7 +4,7 @@
      +-- RequestError(status, message, type, code, param)   becomes an HTTP error at the edge
      |    +-- InvalidRequestError        400  invalid_request_error
      |    |     codes: invalid_json, missing_field, invalid_type, invalid_value,
-     |    |            unknown_field, context_length_exceeded
+     |    |            unknown_field, unsupported_value, context_length_exceeded
      |    +-- ModelNotFoundError         404  not_found_error       code model_not_found
      |    +-- ServiceUnavailableError    503  service_unavailable   code no_engine_available
      +-- NoWorker(reason, model)              no engine can take the request (router's reason)
@@ -33,6 +33,7 @@ MISSING_FIELD = "missing_field"
 INVALID_TYPE = "invalid_type"
 INVALID_VALUE = "invalid_value"
 UNKNOWN_FIELD = "unknown_field"
+UNSUPPORTED_VALUE = "unsupported_value"  # a valid OpenAI value this server cannot honour
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 MODEL_NOT_FOUND = "model_not_found"
 NO_ENGINE_AVAILABLE = "no_engine_available"

@@ -4,18 +4,31 @@
 msgspec schema in openai_schema (types, required fields, ranges, unknown fields: one C pass)
 and then check what spans fields. Every failure is an `InvalidRequestError` (400) with a
 precise message, a stable code (`invalid_json`, `missing_field`, `invalid_type`,
-`invalid_value`, `unknown_field`) and the offending `param` in OpenAI's dotted form
-(`messages[0].content`). Absent sampling fields get OpenAI's defaults, except `top_k` and
-`max_tokens` (None: not given; `check_context` bounds max_tokens once the prompt is known).
+`invalid_value`, `unknown_field`, `unsupported_value`) and the offending `param` in OpenAI's
+dotted form (`messages[0].content`). Absent sampling fields get OpenAI's defaults, except
+`top_k` and `max_tokens` (None: not given; `check_context` bounds max_tokens once the prompt is
+known). A field is either carried into the request types here or refused with a 400 naming
+it: nothing is accepted and dropped.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+import orjson
+
+from switchyard.protos.messages import (
+    CONSTRAINT_CHOICE,
+    CONSTRAINT_EBNF,
+    CONSTRAINT_JSON_OBJECT,
+    CONSTRAINT_JSON_SCHEMA,
+    CONSTRAINT_REGEX,
+    CONSTRAINT_STRUCTURAL_TAG,
+    Constraint,
+)
 
 from . import openai_schema as schema
 from .errors import (
@@ -25,6 +38,7 @@ from .errors import (
     INVALID_VALUE,
     MISSING_FIELD,
     UNKNOWN_FIELD,
+    UNSUPPORTED_VALUE,
     InvalidRequestError,
 )
 
@@ -45,6 +59,12 @@ class SamplingOptions:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    n: int = 1
+    skip_special_tokens: bool = True
+    constraint: Constraint | None = None  # from response_format or the engine extras
+    constraint_param: str = ""  # the field it came from (for errors)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,27 +76,64 @@ class ChatCompletionRequest:
     stream: bool = False
     include_usage: bool = False
     user: str | None = None
+    tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: str | dict[str, Any] | None = None  # None: "auto" with tools, else "none"
+    parallel_tool_calls: bool = True
+    logprobs: bool = False
+    top_logprobs: int = 0
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    separate_reasoning: bool = True
 
 
 @dataclass(frozen=True, slots=True)
 class CompletionRequest:
     model: str
-    # Text to tokenize, or token ids given by the client.
-    prompt: str | tuple[int, ...]
+    # The prompts: text to tokenize, or token ids given by the client; several = a batch.
+    prompts: tuple[str | tuple[int, ...], ...]
     sampling: SamplingOptions
     stream: bool = False
     include_usage: bool = False
     user: str | None = None
+    echo: bool = False
+    logprobs: int | None = None  # top alternatives per token (0: the chosen token's only)
+    best_of: int = 1  # candidates per prompt; the n with the highest logprob sum are returned
+
+    @property
+    def prompt(self) -> str | tuple[int, ...]:
+        return self.prompts[0]
 
 
 def parse_chat_completion(body: bytes) -> ChatCompletionRequest:
     raw: schema.ChatCompletionBody = _decode(schema.CHAT_DECODER, body)
-    if raw.logprobs:
-        raise _unsupported("logprobs", "'logprobs' is not supported by this server.")
-    if raw.top_logprobs:
-        raise _unsupported("top_logprobs", "'top_logprobs' is not supported by this server.")
     for i, message in enumerate(raw.messages):
         _text_only(message.content, f"messages[{i}].content")
+    _no_effect_fields(raw)
+    if raw.top_logprobs and not raw.logprobs:
+        raise InvalidRequestError(
+            "'top_logprobs' requires 'logprobs' to be true.", INVALID_VALUE, "top_logprobs"
+        )
+    tools = tuple(msgspec.to_builtins(raw.tools)) if raw.tools else ()
+    tool_choice = _tool_choice(raw.tool_choice, tools)
+    add_generation_prompt = True if raw.add_generation_prompt is None else raw.add_generation_prompt
+    if raw.continue_final_message:
+        if raw.add_generation_prompt:
+            raise InvalidRequestError(
+                "'continue_final_message' and 'add_generation_prompt' cannot both be true.",
+                INVALID_VALUE,
+                "continue_final_message",
+            )
+        if type(raw.messages[-1]) is not schema.AssistantMessage:
+            raise InvalidRequestError(
+                "'continue_final_message' needs an assistant message last.",
+                INVALID_VALUE,
+                "continue_final_message",
+            )
+        add_generation_prompt = False
+    kwargs = dict(raw.chat_template_kwargs or {})
+    if raw.reasoning_effort is not None:
+        kwargs["reasoning_effort"] = raw.reasoning_effort
     max_tokens = raw.max_completion_tokens or raw.max_tokens
     stream, include_usage = _stream(raw)
     return ChatCompletionRequest(
@@ -86,27 +143,46 @@ def parse_chat_completion(body: bytes) -> ChatCompletionRequest:
         stream,
         include_usage,
         raw.user,
+        tools,
+        tool_choice,
+        True if raw.parallel_tool_calls is None else raw.parallel_tool_calls,
+        bool(raw.logprobs),
+        raw.top_logprobs or 0,
+        kwargs,
+        add_generation_prompt,
+        bool(raw.continue_final_message),
+        True if raw.separate_reasoning is None else raw.separate_reasoning,
     )
 
 
 def parse_completion(body: bytes) -> CompletionRequest:
     raw: schema.CompletionBody = _decode(schema.COMPLETION_DECODER, body)
-    if raw.logprobs is True or (raw.logprobs and type(raw.logprobs) is int):
-        raise _unsupported("logprobs", "'logprobs' is not supported by this server.")
-    if raw.echo:
-        raise _unsupported("echo", "'echo' is not supported by this server.")
-    if raw.best_of is not None and raw.best_of != 1:
-        raise _unsupported("best_of", "'best_of' must be 1: this server samples one sequence.")
+    _no_effect_fields(raw)
     if raw.suffix:
-        raise _unsupported("suffix", "'suffix' is not supported by this server.")
+        raise _unsupported("suffix", "'suffix' is not supported: the engines do no infilling.")
     stream, include_usage = _stream(raw)
+    sampling = _sampling(raw, raw.max_tokens)
+    best_of = raw.best_of or sampling.n
+    if best_of < sampling.n:
+        raise InvalidRequestError(
+            f"'best_of' ({best_of}) must be at least 'n' ({sampling.n}).", INVALID_VALUE, "best_of"
+        )
+    if best_of > sampling.n and stream:
+        raise InvalidRequestError(
+            "'best_of' greater than 'n' cannot be streamed: the best are known only at the end.",
+            INVALID_VALUE,
+            "best_of",
+        )
     return CompletionRequest(
         raw.model,
-        _prompt(raw.prompt),
-        _sampling(raw, raw.max_tokens),
+        _prompts(raw.prompt),
+        sampling,
         stream,
         include_usage,
         raw.user,
+        bool(raw.echo),
+        raw.logprobs,
+        best_of,
     )
 
 
@@ -117,7 +193,7 @@ def check_context(
 
     `param` is "messages" for chat and "prompt" for completions (it also words the message).
     """
-    where = "prompt" if param == "prompt" else "messages"
+    where = "prompt" if param.startswith("prompt") else "messages"
     if max_tokens is None:
         if prompt_len >= context_length:
             raise InvalidRequestError(
@@ -142,8 +218,9 @@ def check_context(
 
 # --- decoding and msgspec's errors in OpenAI's words ---------------------------------------
 
-# msgspec: "<what> - at `$.messages[0].role`" (no suffix for the top level).
-_AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+# msgspec: "<what> - at `$.messages[0].role`" (no suffix for the top level; "- at `key` in
+# `$.logit_bias`" for an object's key; "[...]" stands for a value under any key).
+_AT = re.compile(r"^(?P<what>.*?)(?: - at (?:`key` in )?`\$(?P<path>[^`]*)`)?$", re.S)
 _UNKNOWN = re.compile(r"^Object contains unknown field `(?P<field>[^`]*)`$")
 _MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]*)`$")
 _EXPECTED = re.compile(r"^Expected `(?P<want>[^`]*)`, got `(?P<got>[^`]*)`$")
@@ -168,7 +245,7 @@ def _validation_error(text: str) -> InvalidRequestError:
     match = _AT.match(text)
     assert match is not None  # the pattern matches any string
     what = match["what"]
-    path = (match["path"] or "").lstrip(".")
+    path = (match["path"] or "").lstrip(".").replace("[...]", "")
     if m := _UNKNOWN.match(what):
         param = _join(path, m["field"])
         return InvalidRequestError(
@@ -191,6 +268,20 @@ def _validation_error(text: str) -> InvalidRequestError:
 # --- fields that span the schema -----------------------------------------------------------
 
 
+def _no_effect_fields(raw: schema._Sampling) -> None:
+    """OpenAI fields that only their neutral value can honour here."""
+    if raw.service_tier not in (None, "auto", "default"):
+        raise _unsupported(
+            "service_tier", f"service_tier {raw.service_tier!r} is not offered by this server."
+        )
+    if raw.store:
+        raise _unsupported("store", "'store' must be false: this server stores no completions.")
+    if raw.metadata:
+        raise _unsupported(
+            "metadata", "'metadata' is kept with stored completions, which this server has not."
+        )
+
+
 def _stream(raw: schema._Sampling) -> tuple[bool, bool]:
     stream = bool(raw.stream)
     options = raw.stream_options
@@ -201,12 +292,6 @@ def _stream(raw: schema._Sampling) -> tuple[bool, bool]:
 
 
 def _sampling(raw: schema._Sampling, max_tokens: int | None) -> SamplingOptions:
-    if raw.n is not None and raw.n != 1:
-        raise InvalidRequestError(
-            f"'n' must be 1: this server returns a single choice per request (got {raw.n}).",
-            INVALID_VALUE,
-            "n",
-        )
     min_tokens = raw.min_tokens or 0
     if max_tokens is not None and min_tokens > max_tokens:
         raise InvalidRequestError(
@@ -220,6 +305,7 @@ def _sampling(raw: schema._Sampling, max_tokens: int | None) -> SamplingOptions:
             INVALID_VALUE,
             "top_k",
         )
+    constraint, constraint_param = _constraint(raw)
     return SamplingOptions(
         max_tokens=max_tokens,
         temperature=_or(raw.temperature, 1.0),
@@ -233,6 +319,12 @@ def _sampling(raw: schema._Sampling, max_tokens: int | None) -> SamplingOptions:
         frequency_penalty=_or(raw.frequency_penalty, 0.0),
         repetition_penalty=_or(raw.repetition_penalty, 1.0),
         ignore_eos=bool(raw.ignore_eos),
+        stop_token_ids=tuple(dict.fromkeys(raw.stop_token_ids or ())),
+        logit_bias=tuple((int(k), float(v)) for k, v in (raw.logit_bias or {}).items()),
+        n=raw.n or 1,
+        skip_special_tokens=True if raw.skip_special_tokens is None else raw.skip_special_tokens,
+        constraint=constraint,
+        constraint_param=constraint_param,
     )
 
 
@@ -255,29 +347,134 @@ def _stop(stop: str | list[str] | None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(s for s in stop if s))
 
 
-def _prompt(prompt: str | list[Any]) -> str | tuple[int, ...]:
+def _json_text(value: dict[str, Any] | str, param: str) -> str:
+    if isinstance(value, str):
+        try:
+            parsed = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            raise InvalidRequestError(
+                f"'{param}' must be a JSON schema (an object, or its JSON text).",
+                INVALID_VALUE,
+                param,
+            ) from None
+        if not isinstance(parsed, dict):
+            raise InvalidRequestError(f"'{param}' must be a JSON object.", INVALID_VALUE, param)
+        return value
+    return orjson.dumps(value).decode()
+
+
+def _constraint(raw: schema._Sampling) -> tuple[Constraint | None, str]:
+    """The one structured-output constraint the request asks for, and the field it came from."""
+    found: list[tuple[str, Constraint]] = []
+    fmt = raw.response_format
+    if type(fmt) is schema.JsonObjectFormat:
+        found.append(("response_format", Constraint(kind=CONSTRAINT_JSON_OBJECT)))
+    elif type(fmt) is schema.JsonSchemaFormat:
+        spec = fmt.json_schema
+        value = orjson.dumps(spec.schema if spec.schema is not None else {}).decode()
+        found.append(("response_format", Constraint(kind=CONSTRAINT_JSON_SCHEMA, value=value)))
+    if raw.regex is not None:
+        found.append(("regex", Constraint(kind=CONSTRAINT_REGEX, value=raw.regex)))
+    if raw.ebnf is not None:
+        found.append(("ebnf", Constraint(kind=CONSTRAINT_EBNF, value=raw.ebnf)))
+    if raw.guided_json is not None:
+        value = _json_text(raw.guided_json, "guided_json")
+        found.append(("guided_json", Constraint(kind=CONSTRAINT_JSON_SCHEMA, value=value)))
+    if raw.guided_regex is not None:
+        found.append(("guided_regex", Constraint(kind=CONSTRAINT_REGEX, value=raw.guided_regex)))
+    if raw.guided_choice is not None:
+        choices = list(raw.guided_choice)
+        found.append(("guided_choice", Constraint(kind=CONSTRAINT_CHOICE, choices=choices)))
+    if raw.guided_grammar is not None:
+        found.append(("guided_grammar", Constraint(kind=CONSTRAINT_EBNF, value=raw.guided_grammar)))
+    so = raw.structured_outputs
+    if so is not None:
+        inner: list[tuple[str, Constraint]] = []
+        if so.json is not None:
+            value = _json_text(so.json, "structured_outputs.json")
+            inner.append(("json", Constraint(kind=CONSTRAINT_JSON_SCHEMA, value=value)))
+        if so.regex is not None:
+            inner.append(("regex", Constraint(kind=CONSTRAINT_REGEX, value=so.regex)))
+        if so.choice is not None:
+            inner.append(("choice", Constraint(kind=CONSTRAINT_CHOICE, choices=list(so.choice))))
+        if so.grammar is not None:
+            inner.append(("grammar", Constraint(kind=CONSTRAINT_EBNF, value=so.grammar)))
+        if so.structural_tag is not None:
+            tag = so.structural_tag
+            value = tag if isinstance(tag, str) else orjson.dumps(tag).decode()
+            inner.append(
+                ("structural_tag", Constraint(kind=CONSTRAINT_STRUCTURAL_TAG, value=value))
+            )
+        if so.json_object:
+            inner.append(("json_object", Constraint(kind=CONSTRAINT_JSON_OBJECT)))
+        if len(inner) != 1:
+            raise InvalidRequestError(
+                "'structured_outputs' takes exactly one of json, regex, choice, grammar, "
+                f"structural_tag, json_object (got {len(inner)}).",
+                INVALID_VALUE,
+                "structured_outputs",
+            )
+        found.append((f"structured_outputs.{inner[0][0]}", inner[0][1]))
+    if not found:
+        return None, ""
+    if len(found) > 1:
+        names = ", ".join(param for param, _ in found)
+        raise InvalidRequestError(
+            f"A request takes one structured-output constraint; got {names}.",
+            INVALID_VALUE,
+            found[1][0],
+        )
+    param, constraint = found[0]
+    return constraint, param
+
+
+def _tool_choice(
+    choice: str | schema.NamedToolChoice | None, tools: tuple[dict[str, Any], ...]
+) -> str | dict[str, Any] | None:
+    if choice is None:
+        return None
+    if isinstance(choice, str):
+        if choice in ("required",) and not tools:
+            raise InvalidRequestError(
+                'tool_choice "required" needs at least one tool in "tools".',
+                INVALID_VALUE,
+                "tool_choice",
+            )
+        return choice
+    name = choice.function.name
+    if name not in {t["function"]["name"] for t in tools}:
+        raise InvalidRequestError(
+            f"tool_choice names the function {name!r}, which is not in 'tools'.",
+            INVALID_VALUE,
+            "tool_choice",
+        )
+    return msgspec.to_builtins(choice)
+
+
+def _prompts(prompt: str | list[Any]) -> tuple[str | tuple[int, ...], ...]:
     if type(prompt) is str:
         if not prompt:
             raise InvalidRequestError("'prompt' must not be empty.", INVALID_VALUE, "prompt")
-        return prompt
+        return (prompt,)
     first = prompt[0]
     if type(first) is int:
         for i, t in enumerate(prompt):
             if type(t) is not int:
-                raise _mixed(f"prompt[{i}]")
-        return tuple(prompt)
-    if len(prompt) != 1:
-        raise InvalidRequestError(
-            f"'prompt' must hold exactly one prompt: batched prompts are not supported "
-            f"(got {len(prompt)}).",
-            INVALID_VALUE,
-            "prompt",
-        )
-    if type(first) is str:
-        if not first:
-            raise InvalidRequestError("'prompt' must not be empty.", INVALID_VALUE, "prompt[0]")
-        return first
-    return tuple(first)
+                raise _mixed(f"prompt[{i}]", "a list of token ids must hold only integers")
+        return (tuple(prompt),)
+    kind = type(first)
+    out: list[str | tuple[int, ...]] = []
+    for i, item in enumerate(prompt):
+        if type(item) is not kind:
+            raise _mixed(f"prompt[{i}]", "a batch holds only strings or only token id lists")
+        if not item:
+            raise InvalidRequestError("'prompt' must not be empty.", INVALID_VALUE, f"prompt[{i}]")
+        out.append(item if kind is str else tuple(item))
+    return tuple(out)
+
+
+def _mixed(param: str, what: str) -> InvalidRequestError:
+    return InvalidRequestError(f"Invalid value for '{param}': {what}.", INVALID_TYPE, param)
 
 
 def _text_only(content: object, where: str) -> None:
@@ -289,18 +486,10 @@ def _text_only(content: object, where: str) -> None:
             raise InvalidRequestError(
                 f"Content part type '{kind}' is not supported at '{where}[{j}].type': only "
                 "'text' parts are accepted (the engines take token ids, not media).",
-                INVALID_VALUE,
+                UNSUPPORTED_VALUE,
                 f"{where}[{j}].type",
             )
 
 
-def _mixed(param: str) -> InvalidRequestError:
-    return InvalidRequestError(
-        f"Invalid value for '{param}': a list of token ids must hold only integers.",
-        INVALID_TYPE,
-        param,
-    )
-
-
 def _unsupported(param: str, message: str) -> InvalidRequestError:
-    return InvalidRequestError(message, INVALID_VALUE, param)
+    return InvalidRequestError(message, UNSUPPORTED_VALUE, param)

@@ -9,7 +9,7 @@ Semantic checks that span fields (max_tokens vs min_tokens, ...) are in openai_r
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta, Struct
@@ -79,20 +79,99 @@ class UserMessage(Struct, tag_field="role", tag="user", **_CONFIG):  # type: ign
     name: str | None = None
 
 
+class FunctionCall(Struct, **_CONFIG):  # type: ignore[call-arg]
+    name: NonEmptyStr
+    arguments: str  # JSON text, as the model produced it
+
+
+class ToolCall(Struct, tag_field="type", tag="function", **_CONFIG):  # type: ignore[call-arg]
+    id: str
+    function: FunctionCall
+
+
 class AssistantMessage(Struct, tag_field="role", tag="assistant", **_CONFIG):  # type: ignore[call-arg]
     content: Content | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    # Earlier turns' thinking, for templates that render it (DeepSeek-R1, Qwen3 drop it).
+    reasoning_content: str | None = None
+    refusal: str | None = None
 
 
 class ToolMessage(Struct, tag_field="role", tag="tool", **_CONFIG):  # type: ignore[call-arg]
     content: Content
     tool_call_id: str | None = None
+    name: str | None = None
 
 
 Message = SystemMessage | DeveloperMessage | UserMessage | AssistantMessage | ToolMessage
 
 
+# ---- tools, tool_choice, response_format ---------------------------------------------------
+
+
+class FunctionDefinition(Struct, **_CONFIG):  # type: ignore[call-arg]
+    name: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema
+    strict: bool | None = None
+
+
+class FunctionTool(Struct, tag_field="type", tag="function", **_CONFIG):  # type: ignore[call-arg]
+    function: FunctionDefinition
+
+
+class NamedFunction(Struct, **_CONFIG):  # type: ignore[call-arg]
+    name: NonEmptyStr
+
+
+class NamedToolChoice(Struct, tag_field="type", tag="function", **_CONFIG):  # type: ignore[call-arg]
+    function: NamedFunction
+
+
+ToolChoiceMode = Literal["none", "auto", "required"]
+
+
+class TextFormat(Struct, tag_field="type", tag="text", **_CONFIG):  # type: ignore[call-arg]
+    pass
+
+
+class JsonObjectFormat(Struct, tag_field="type", tag="json_object", **_CONFIG):  # type: ignore[call-arg]
+    pass
+
+
+class JsonSchemaSpec(Struct, **_CONFIG):  # type: ignore[call-arg]
+    name: Annotated[str, Meta(min_length=1, max_length=64)]
+    description: str | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class JsonSchemaFormat(Struct, tag_field="type", tag="json_schema", **_CONFIG):  # type: ignore[call-arg]
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat
+
+
+class StructuredOutputs(Struct, **_CONFIG):  # type: ignore[call-arg]
+    """vLLM's `structured_outputs` extra: exactly one of these."""
+
+    json: dict[str, Any] | str | None = None
+    regex: str | None = None
+    choice: Annotated[list[str], Meta(min_length=1)] | None = None
+    grammar: str | None = None
+    structural_tag: dict[str, Any] | str | None = None
+    json_object: bool | None = None
+
+
 # ---- request bodies -----------------------------------------------------------------------
+
+# OpenAI's logit_bias: token ids as keys (JSON object keys are strings), -100..100.
+LogitBias = dict[
+    Annotated[str, Meta(pattern=r"^[0-9]{1,10}$")], Annotated[float, Meta(ge=-100, le=100)]
+]
+StopTokenIds = Annotated[list[TokenId], Meta(max_length=64)]
 
 
 class _Sampling(Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True, kw_only=True):
@@ -107,14 +186,32 @@ class _Sampling(Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=T
     min_tokens: NonNegInt32 | None = None
     seed: Int32 | None = None
     stop: str | list[str] | None = None
+    stop_token_ids: StopTokenIds | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     repetition_penalty: RepetitionPenalty | None = None
+    logit_bias: LogitBias | None = None
     ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
     n: Annotated[int, Meta(ge=1, le=128)] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None  # logged with the request
+    # Engine extras for structured output (SGLang's names, vLLM's structured_outputs and its
+    # older guided_* names): at most one constraint per request.
+    regex: str | None = None
+    ebnf: str | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: Annotated[list[str], Meta(min_length=1)] | None = None
+    guided_grammar: str | None = None
+    response_format: ResponseFormat | None = None
+    # OpenAI fields with no effect here unless set to their neutral value (checked in
+    # openai_requests: anything else is a 400 naming the field).
+    service_tier: str | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
 
 
 class ChatCompletionBody(
@@ -124,12 +221,23 @@ class ChatCompletionBody(
     max_completion_tokens: PositiveInt32 | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    tools: Annotated[list[FunctionTool], Meta(max_length=128)] | None = None
+    tool_choice: ToolChoiceMode | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+    separate_reasoning: bool | None = None  # SGLang's switch: False keeps thinking in content
+    modalities: list[Literal["text"]] | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
 
 
 PromptIds = Annotated[list[TokenId], Meta(min_length=1)]
 # A string, token ids, or a batch of either: msgspec takes one array type per union, so the
 # shape of a list (all ids, all strings, all id lists) is checked in openai_requests.
-Prompt = str | Annotated[list[str | TokenId | PromptIds], Meta(min_length=1)]
+Prompt = str | Annotated[list[str | TokenId | PromptIds], Meta(min_length=1, max_length=256)]
 
 
 class CompletionBody(
@@ -137,7 +245,7 @@ class CompletionBody(
 ):
     prompt: Prompt
     echo: bool | None = None
-    logprobs: Annotated[int, Meta(ge=0, le=5)] | bool | None = None
+    logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     best_of: Annotated[int, Meta(ge=1, le=128)] | None = None
     suffix: str | None = None
 

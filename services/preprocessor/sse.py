@@ -19,14 +19,17 @@ _END = b"\n\n"
 
 
 def usage_dict(
-    prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0, reasoning_tokens: int = 0
 ) -> dict[str, Any]:
-    return {
+    usage: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
+    if reasoning_tokens:
+        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return usage
 
 
 def _head(completion_id: str, obj: str, created: int, model: str) -> bytes:
@@ -77,6 +80,11 @@ class ChatStream:
             self._grow(index)
         return self._content_pre[index] + orjson.dumps(text) + self._CONTENT_POST
 
+    def chunk(self, index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None) -> bytes:
+        """A chunk with any delta (reasoning_content, tool_calls, ...) and logprobs."""
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
+        return self._head + b',"choices":[' + orjson.dumps(choice) + b"]}" + _END
+
     def finish(self, finish_reason: str, index: int = 0) -> bytes:
         """The last chunk of a choice: empty delta and the finish reason ("stop", "length")."""
         if index >= len(self._finish_pre):
@@ -90,9 +98,17 @@ class ChatStream:
             )
         )
 
-    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> bytes:
+    def usage(
+        self,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int = 0,
+        reasoning_tokens: int = 0,
+    ) -> bytes:
         """The include_usage chunk: no choices, the request's usage."""
-        usage = orjson.dumps(usage_dict(prompt_tokens, completion_tokens, cached_tokens))
+        usage = orjson.dumps(
+            usage_dict(prompt_tokens, completion_tokens, cached_tokens, reasoning_tokens)
+        )
         return self._head + b',"choices":[],"usage":' + usage + b"}" + _END
 
 
@@ -120,6 +136,10 @@ class CompletionStream:
             pre.append(self._choice(len(pre)))
         return pre[index] + orjson.dumps(text) + self._TEXT_POST
 
+    def chunk(self, index: int, text: str, logprobs: dict[str, Any] | None) -> bytes:
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": None}
+        return self._head + b',"choices":[' + orjson.dumps(choice) + b"]}" + _END
+
     def finish(self, finish_reason: str, index: int = 0) -> bytes:
         return (
             self._choice(index)
@@ -129,8 +149,16 @@ class CompletionStream:
             + _END
         )
 
-    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> bytes:
-        usage = orjson.dumps(usage_dict(prompt_tokens, completion_tokens, cached_tokens))
+    def usage(
+        self,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int = 0,
+        reasoning_tokens: int = 0,
+    ) -> bytes:
+        usage = orjson.dumps(
+            usage_dict(prompt_tokens, completion_tokens, cached_tokens, reasoning_tokens)
+        )
         return self._head + b',"choices":[],"usage":' + usage + b"}" + _END
 
 

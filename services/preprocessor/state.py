@@ -16,10 +16,11 @@ from switchyard.common.fleet_client import FleetClient
 from switchyard.preprocessor.catalog import ModelEntry, build_catalog
 from switchyard.preprocessor.dispatcher_client import DispatcherClient
 from switchyard.preprocessor.metrics import PreprocessorMetrics
+from switchyard.preprocessor.parsers import ParserChoice, parsers_for
 from switchyard.preprocessor.router_client import RouterClient
 from switchyard.preprocessor.stages.context import Deps, Limits
 from switchyard.preprocessor.stages.timing import StageTimer
-from switchyard.preprocessor.tokenizer import OFFLOAD_CHARS
+from switchyard.preprocessor.tokenizer import OFFLOAD_CHARS, TokenizerBundle
 from switchyard.preprocessor.tokenizer_source import ModelTokenizers
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,10 @@ class PreprocessorConfig:
     fleet_events: str
     tokenizer_dir: Path | None = None  # for every model (else fetched from its engines)
     tokenizer_dirs: dict[str, Path] = field(default_factory=dict)  # per model
+    # Output parser names (--tool-call-parser / --reasoning-parser): "" for every model,
+    # else per model; a model without one gets the guess from its tokenizer files.
+    tool_parsers: dict[str, str] = field(default_factory=dict)
+    reasoning_parsers: dict[str, str] = field(default_factory=dict)
     route_timeout: float = 5.0
     stream_idle_timeout: float = 60.0  # for an attempt's first token
     stream_gap_timeout: float = 5.0  # between tokens, once they flow
@@ -66,6 +71,7 @@ class PreprocessorState:
         self.metrics = PreprocessorMetrics()
         self.router = RouterClient(cfg.routers, lambda: self.fleet.instances)
         self.dispatcher = DispatcherClient(cfg.dispatchers, cfg.dispatcher_wait)
+        self._parser_choices: dict[tuple[str, int], ParserChoice] = {}
         self.tokenizers = ModelTokenizers(
             lambda: self.fleet.instances, cfg.tokenizer_dir, cfg.tokenizer_dirs
         )
@@ -75,6 +81,7 @@ class PreprocessorState:
             catalog=lambda: self.catalog,
             tokenizer=self.tokenizers.get,
             instances=lambda: self.fleet.instances,
+            parsers=self._parsers,
             metrics=self.metrics,
             limits=Limits(
                 route_timeout=cfg.route_timeout,
@@ -85,6 +92,22 @@ class PreprocessorState:
             ),
             timer=StageTimer(self.metrics.stage_seconds) if cfg.stage_timing else None,
         )
+
+    def _parsers(self, model: str, bundle: TokenizerBundle) -> ParserChoice:
+        """The model's output parsers, chosen once per tokenizer bundle."""
+        key = (model, id(bundle))
+        found = self._parser_choices.get(key)
+        if found is None:
+            cfg = self.config
+            found = parsers_for(
+                bundle.model_config,
+                bundle.chat_template.source,
+                cfg.tool_parsers.get(model, cfg.tool_parsers.get("")),
+                cfg.reasoning_parsers.get(model, cfg.reasoning_parsers.get("")),
+            )
+            self._parser_choices = {k: v for k, v in self._parser_choices.items() if k[0] != model}
+            self._parser_choices[key] = found
+        return found
 
     def _on_change(self, events: object) -> None:
         self.catalog = build_catalog(self.fleet.instances)

@@ -24,6 +24,7 @@ from tokenizers import Tokenizer
 from .chat_template import ChatTemplate, token_text
 from .errors import TokenizerLoadError
 from .prompt_encoder import PromptEncoder, max_token_bytes, splitting_tokens
+from .token_texts import TokenTexts
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
@@ -74,9 +75,17 @@ class TokenizerBundle:
         added = [t.content for t in tokenizer.get_added_tokens_decoder().values()]
         in_template = [t for t in added if t in chat_template.source]
         edges = [token_text(config.get("bos_token")), token_text(config.get("eos_token"))]
+        self._token_texts: TokenTexts | None = None
         self.prompts = PromptEncoder(
             tokenizer, splitting_tokens(tokenizer, in_template + edges), max_token_bytes(tokenizer)
         )
+
+    @property
+    def token_texts(self) -> TokenTexts:
+        """Token id -> text and bytes, for logprobs (built on first use)."""
+        if self._token_texts is None:
+            self._token_texts = TokenTexts(self.tokenizer)
+        return self._token_texts
 
     @classmethod
     def from_dir(cls, path: str | Path) -> TokenizerBundle:

@@ -1,48 +1,110 @@
 """One choice's text path, called by the token loop per batch of token ids (hot path).
 
-detokenize -> stop strings; a stop string ends the choice (finish_reason "stop", the string and
-what follows trimmed). The output parsers (tool calls, reasoning) plug in after the stop
-strings.
+detokenize -> stop strings -> output parsers (reasoning, tool calls). A stop string ends the
+choice (finish_reason "stop"; the string and what follows trimmed). Without parsers `text`
+returns plain text; with them `parsed` returns (content, reasoning, tool_calls) deltas. The
+choice also keeps what the whole request needs of it: its generated ids (for migration), its
+token counts, and the finish reason ("tool_calls" once a call was made, unless max_tokens cut
+the output).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from switchyard.preprocessor.detokenizer import IncrementalDetokenizer
+from switchyard.preprocessor.parsers import OutputParser, ParsedDelta
+from switchyard.preprocessor.parsers.types import EMPTY
+from switchyard.preprocessor.stages.logprobs import CompletionLogprobs
 from switchyard.preprocessor.stop_strings import StopMatcher
 from switchyard.preprocessor.tokenizer import TokenizerBundle
 
 
 class ChoiceOutput:
-    __slots__ = ("index", "_detok", "_stop", "finish_reason", "cached_tokens", "first_sent")
+    __slots__ = (
+        "index",
+        "prompt",
+        "_detok",
+        "_drop",
+        "_stop",
+        "parser",
+        "_feed",
+        "finish_reason",
+        "cached_tokens",
+        "first_sent",
+        "generated",
+        "reasoning_tokens",
+        "done",
+        "completion_logprobs",
+        "echo",
+        "echoed",
+        "group",
+    )
 
     def __init__(
         self,
         index: int,
         tokenizer: TokenizerBundle,
-        prompt_ids: Sequence[int],
+        prompt_ids: list[int],
         stops: Sequence[str],
+        parser: OutputParser | None = None,
+        skip_special_tokens: bool = True,
+        completion_logprobs: CompletionLogprobs | None = None,
+        echo: str = "",
+        group: int = 0,
     ) -> None:
-        self.index = index
-        self._detok = IncrementalDetokenizer(tokenizer, prompt_ids)
+        self.index = index  # the OpenAI choice index
+        self.prompt = prompt_ids  # this choice's prompt (a batch has several)
+        self._detok = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens)
+        # Kept special tokens (a parser reads its markers): EOS would show up as text.
+        self._drop = frozenset(tokenizer.eos_token_ids) if not skip_special_tokens else None
         self._stop = StopMatcher(stops) if stops else None
+        self.parser = parser
+        self._feed: Callable[[str], ParsedDelta] | None = (
+            parser.feeder() if parser is not None else None
+        )
         self.finish_reason: str | None = None  # set once the choice is done
         self.cached_tokens = 0
         self.first_sent = False  # its role chunk went out (streamed chat)
+        self.generated: list[int] = []
+        self.reasoning_tokens = 0
+        self.done = False
+        self.completion_logprobs = completion_logprobs
+        self.echo = echo  # completions echo: the prompt text, sent before the output
+        self.echoed = False  # the echo went out (streamed completions)
+        self.group = group  # which prompt of a batch it answers
 
-    def feed(self, token_ids: Sequence[int]) -> str:
-        """The text these ids add; sets finish_reason "stop" when a stop string completes."""
+    def _text(self, token_ids: Sequence[int]) -> str:
+        if self._drop is not None:
+            token_ids = [t for t in token_ids if t not in self._drop]
         text = self._detok.add(token_ids)
         stop = self._stop
         if stop is not None and text:
             text, stopped = stop.feed(text)
             if stopped:
                 self.finish_reason = "stop"
+                self.done = True
         return text
 
-    def finish(self, finish_reason: str) -> str:
-        """The held-back text at the engine's end of the choice."""
+    def text(self, token_ids: Sequence[int]) -> str:
+        """The text these ids add (no parsers)."""
+        return self._text(token_ids)
+
+    def parsed(self, token_ids: Sequence[int]) -> ParsedDelta:
+        """(content, reasoning, tool_calls) these ids add."""
+        parser = self.parser
+        assert parser is not None and self._feed is not None
+        if parser.in_reasoning:
+            self.reasoning_tokens += len(token_ids)
+        text = self._text(token_ids)
+        parsed = self._feed(text) if text else EMPTY
+        if self.done:  # a stop string ended it: release what the parsers hold
+            parsed = _join(parsed, parser.finish())
+        return parsed
+
+    def finish(self, finish_reason: str) -> str | ParsedDelta:
+        """The held-back output at the engine's end of the choice: text without parsers,
+        (content, reasoning, tool_calls) with them."""
         tail = self._detok.flush()
         stop = self._stop
         if stop is not None:
@@ -51,5 +113,31 @@ class ChoiceOutput:
                 finish_reason = "stop"
             else:
                 tail += stop.flush()
-        self.finish_reason = finish_reason
-        return tail
+        self.done = True
+        parser = self.parser
+        if parser is None:
+            self.finish_reason = finish_reason
+            return tail
+        assert self._feed is not None
+        out = _join(self._feed(tail) if tail else EMPTY, parser.finish())
+        self.finish_reason = self._reason(finish_reason)
+        return out
+
+    def stopped_reason(self) -> None:
+        """After a stop string ended it (finish_reason "stop"): a tool call made before it
+        still makes it a tool_calls choice."""
+        if self.finish_reason is not None:
+            self.finish_reason = self._reason(self.finish_reason)
+
+    def _reason(self, finish_reason: str) -> str:
+        if self.parser is not None and self.parser.called and finish_reason != "length":
+            return "tool_calls"
+        return finish_reason
+
+
+def _join(a: ParsedDelta, b: ParsedDelta) -> ParsedDelta:
+    if a is EMPTY:
+        return b
+    if b is EMPTY:
+        return a
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2])

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from switchyard.preprocessor.catalog import ModelEntry
 from switchyard.preprocessor.metrics import PreprocessorMetrics
 from switchyard.preprocessor.openai_requests import ChatCompletionRequest, CompletionRequest
+from switchyard.preprocessor.parsers import ParserChoice
 from switchyard.preprocessor.reply_queue import ReplyQueue
 from switchyard.preprocessor.stages.timing import StageTimer
 from switchyard.preprocessor.tokenizer import TokenizerBundle
@@ -51,6 +52,8 @@ class Deps:
     catalog: Callable[[], Mapping[str, ModelEntry]]
     tokenizer: Callable[[str], TokenizerBundle | None]
     instances: Callable[[], Mapping[int, Instance]]
+    # The model's output parsers (from --tool-call-parser / --reasoning-parser, else guessed).
+    parsers: Callable[[str, TokenizerBundle], ParserChoice]
     metrics: PreprocessorMetrics
     limits: Limits = Limits()
     timer: StageTimer | None = None  # --stage-timing: a benchmark mode
@@ -71,10 +74,15 @@ class RequestState:
 
     entry: ModelEntry | None = None
     tokenizer: TokenizerBundle | None = None
-    prompt_text: str | None = None  # None: the client gave token ids
-    prompt_ids: list[int] = field(default_factory=list)
+    parsers: ParserChoice | None = None  # the model's output parsers (chat)
+    # The prompts: one for chat; a completions batch may have several.
+    prompt_texts: list[str | None] = field(default_factory=list)  # None: given as token ids
+    prompt_ids: list[list[int]] = field(default_factory=list)
     param: str = "messages"  # the request field the prompt came from (for errors)
     sampling: SamplingParams | None = None
+    logprobs: int | None = None  # alternatives per output token asked of the engine
+    top_logprobs: int = 0  # alternatives per token the client gets (chat)
+    reasoning: bool = False  # the output starts in the model's reasoning
     queue: ReplyQueue = field(default_factory=ReplyQueue)
     choices: list[ChoiceOutput] = field(default_factory=list)
     generations: list[Generation] = field(default_factory=list)

@@ -1,11 +1,12 @@
 """Each endpoint's stages, in order, built in this one place, and `serve`, which runs them.
 
-    chat:         parse, model, template, tokenize, check, generate, stream, finish
-    completions:  parse, model,           tokenize, check, generate, stream, finish
+    chat:         parse, model, template, outputs, tokenize, check, generate, stream, finish
+    completions:  parse, model,                    tokenize, check, generate, stream, finish
 
-`generate` routes and dispatches each choice (route -> prefill hop -> dispatch, see
-generation.py); `stream` is the token loop, around which migration re-runs route -> dispatch
-for a failed attempt. Every failure becomes an OpenAI-shaped error here: an HTTP status before
+`outputs` sets up the output parsers and tool_choice's constraint; `generate` routes and
+dispatches each prompt's choices (route -> prefill hop -> dispatch, see generation.py);
+`stream` is the token loop, around which migration re-runs route -> dispatch for a failed
+attempt. Every failure becomes an OpenAI-shaped error here: an HTTP status before
 the first byte of the answer, an error event inside a stream after it.
 """
 
@@ -34,7 +35,14 @@ from switchyard.preprocessor.stages.context import (
     RequestInput,
 )
 from switchyard.preprocessor.stages.generation import Generation
-from switchyard.preprocessor.stages.prompt import check, render_template, resolve_model, tokenize
+from switchyard.preprocessor.stages.logprobs import CompletionLogprobs
+from switchyard.preprocessor.stages.prompt import (
+    check,
+    outputs,
+    render_template,
+    resolve_model,
+    tokenize,
+)
 from switchyard.preprocessor.stages.sinks import CollectSink, HttpOut, StreamSink, Usage
 from switchyard.preprocessor.stages.token_loop import stream
 
@@ -53,6 +61,7 @@ PROMPT_STAGES: dict[str, tuple[Stage, ...]] = {
     CHAT: (
         Stage("model", resolve_model),
         Stage("template", render_template),
+        Stage("outputs", outputs),
         Stage("tokenize", tokenize),
         Stage("check", check),
     ),
@@ -87,15 +96,77 @@ def parse(deps: Deps, endpoint: str, body: bytes, received: float) -> RequestCon
 
 
 async def generate(ctx: RequestContext) -> None:
-    """Start every choice's first attempt."""
+    """Start each prompt's choices: one engine request per prompt, with `n` (or best_of)."""
     state = ctx.state
-    assert state.tokenizer is not None and state.sampling is not None
-    choice = ChoiceOutput(0, state.tokenizer, state.prompt_ids, ctx.inp.request.sampling.stop)
-    gen = Generation(ctx, choice, ctx.inp.request_id, state.sampling)
-    state.choices.append(choice)
-    state.generations.append(gen)
-    state.unfinished = 1
-    await gen.start()
+    tokenizer = state.tokenizer
+    assert tokenizer is not None and state.sampling is not None
+    req = ctx.inp.request
+    chat = isinstance(req, ChatCompletionRequest)
+    per_prompt = req.sampling.n if chat else req.best_of  # type: ignore[union-attr]
+    index = 0
+    for group, prompt_ids in enumerate(state.prompt_ids):
+        choices = []
+        for _ in range(per_prompt):
+            parser = None
+            skip = req.sampling.skip_special_tokens
+            lp = echo = None
+            if chat:
+                parser = _parser(ctx)
+                if parser is not None and state.parsers is not None:
+                    skip = skip and not state.parsers.needs_special_tokens
+            else:
+                if state.logprobs is not None:
+                    lp = CompletionLogprobs(tokenizer.token_texts, state.logprobs)
+                if req.echo:  # type: ignore[union-attr]
+                    text = state.prompt_texts[group]
+                    echo = text if text is not None else tokenizer.decode(prompt_ids)
+            choices.append(
+                ChoiceOutput(
+                    index,
+                    tokenizer,
+                    prompt_ids,
+                    req.sampling.stop,
+                    parser,
+                    skip,
+                    lp,
+                    echo or "",
+                    group,
+                )
+            )
+            index += 1
+        base_id = ctx.inp.request_id if group == 0 else f"{ctx.inp.request_id}.p{group}"
+        echo_logprobs = None
+        if not chat and req.echo and state.logprobs is not None:  # type: ignore[union-attr]
+            echo_logprobs = state.logprobs
+        state.choices.extend(choices)
+        state.generations.append(
+            Generation(ctx, choices, prompt_ids, base_id, state.sampling, echo_logprobs)
+        )
+    state.unfinished = len(state.choices)
+    for gen in list(state.generations):  # a start may add generations (split choices)
+        await gen.start()
+
+
+def _parser(ctx: RequestContext):  # type: ignore[no-untyped-def]
+    """A choice's output parser (None when it would parse nothing)."""
+    req = ctx.inp.request
+    assert isinstance(req, ChatCompletionRequest)
+    choice = ctx.state.parsers
+    if choice is None:
+        return None
+    parser = choice.for_request(
+        prompt=ctx.state.prompt_texts[0] or "",
+        tools=req.tools or None,
+        tool_choice=req.tool_choice,
+        parallel_tool_calls=req.parallel_tool_calls,
+        chat_template_kwargs=req.template_kwargs or None,
+        strict=not req.stream,
+    )
+    if not req.separate_reasoning:
+        parser.reasoning = None  # SGLang's switch: the thinking stays in the content
+    if parser.reasoning is None and parser.tools is None:
+        return None
+    return parser
 
 
 def sink_for(ctx: RequestContext, http: HttpOut) -> StreamSink | CollectSink:
@@ -113,10 +184,24 @@ def sink_for(ctx: RequestContext, http: HttpOut) -> StreamSink | CollectSink:
 async def finish(ctx: RequestContext, sink: StreamSink | CollectSink) -> None:
     t0 = time.perf_counter()
     state = ctx.state
-    completion = sum(len(g.generated) for g in state.generations)
-    cached = max((c.cached_tokens for c in state.choices), default=0)
-    usage = Usage(len(state.prompt_ids), completion, cached)
-    await sink.end(state.choices, usage)
+    req = ctx.inp.request
+    completion = sum(len(c.generated) for c in state.choices)
+    cached: dict[int, int] = {}
+    for choice in state.choices:  # the n choices of a prompt share its cached prefix
+        cached[choice.group] = max(cached.get(choice.group, 0), choice.cached_tokens)
+    usage = Usage(
+        sum(len(ids) for ids in state.prompt_ids),
+        completion,
+        sum(cached.values()),
+        sum(c.reasoning_tokens for c in state.choices),
+    )
+    if isinstance(sink, CollectSink):
+        if isinstance(req, CompletionRequest) and req.best_of > req.sampling.n:
+            sink.keep = req.sampling.n
+        chat_logprobs = isinstance(req, ChatCompletionRequest) and req.logprobs
+        await sink.end(state.choices, usage, chat_logprobs)
+    else:
+        await sink.end(state.choices, usage)
     metrics = ctx.deps.metrics
     metrics.duration.observe(time.perf_counter() - ctx.inp.received)
     metrics.input_tokens.inc(usage.prompt_tokens)

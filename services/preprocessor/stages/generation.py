@@ -1,12 +1,14 @@
-"""One choice's engine request: the route -> (prefill hop) -> dispatch stages, and migration.
+"""One engine request for one prompt's choices: route -> (prefill hop) -> dispatch, and migration.
 
 `Generation.start` routes and dispatches an attempt; its replies land in the request's reply
-queue, tagged with the attempt id. When an attempt fails with a migratable fault (engine
-unreachable, stream cut or silent, engine overloaded), `fail` re-routes excluding the
-instances that failed and resends prompt + the tokens generated so far with max_tokens reduced:
-the engines are deterministic per context, so the client sees one stream. Migration is thus a
-loop around route -> stream, driven by the token loop. A fault that cannot migrate, or the
-migration limit, raises EngineError.
+queue, tagged with the attempt id (and each choice's engine index: the n choices of a prompt
+go to the engine as one request with `n`, so the prompt is prefilled once). When an attempt
+fails with a migratable fault (engine unreachable, stream cut or silent, engine overloaded),
+`fail` re-routes excluding the instances that failed and resends prompt + the tokens generated
+so far with max_tokens reduced: the engines are deterministic per context, so the client sees
+one stream. Choices that already diverged go on as one request each (their contexts differ).
+Migration is thus a loop around route -> stream, driven by the token loop. A fault that
+cannot migrate, or the migration limit, raises EngineError.
 """
 
 from __future__ import annotations
@@ -43,38 +45,48 @@ log = logging.getLogger(__name__)
 class Generation:
     __slots__ = (
         "ctx",
-        "choice",
+        "choices",
+        "prompt_ids",
         "base_id",
         "sampling",
         "attempt",
         "attempt_id",
         "instance_id",
         "stream",
-        "generated",
         "exclude",
         "hops",
         "got_tokens",
         "last",
         "open",
+        "unfinished",
+        "prompt_logprobs",
     )
 
     def __init__(
-        self, ctx: RequestContext, choice: ChoiceOutput, base_id: str, sampling: SamplingParams
+        self,
+        ctx: RequestContext,
+        choices: list[ChoiceOutput],
+        prompt_ids: list[int],
+        base_id: str,
+        sampling: SamplingParams,
+        prompt_logprobs: int | None = None,
     ) -> None:
         self.ctx = ctx
-        self.choice = choice
+        self.choices = choices  # engine index i -> choices[i]
+        self.prompt_ids = prompt_ids
         self.base_id = base_id  # the engine request id of the first attempt
         self.sampling = sampling
         self.attempt = 0
         self.attempt_id = base_id
         self.instance_id = 0
         self.stream: GenerationStream | HopStream | None = None
-        self.generated: list[int] = []
         self.exclude: list[int] = []
         self.hops = 0
         self.got_tokens = False  # this attempt produced a token
         self.last = 0.0  # loop time of this attempt's last reply (the watchdog reads it)
         self.open = False  # an attempt is running
+        self.unfinished = len(choices)
+        self.prompt_logprobs = prompt_logprobs  # echo: asked of the first attempt only
 
     # ---- route -> hop -> dispatch ------------------------------------------------------
 
@@ -90,9 +102,11 @@ class Generation:
             timer.add("route", time.perf_counter() - t0)
         instance_id = routed.instance_id
         assert instance_id is not None
+        choices = self.choices
+        generated = choices[0].generated if len(choices) == 1 else []
         # The prefill hop only before any token: a later migration resends the prompt and the
         # tokens so far to one worker, as without disaggregation.
-        pair = self._hop_pair(routed) if not self.generated else None
+        pair = self._hop_pair(routed) if not generated else None
         if pair is not None and self.hops >= deps.limits.hop_attempts:
             assert last_failure is not None
             raise EngineError(
@@ -100,23 +114,31 @@ class Generation:
                 f"the prefill hop failed {self.hops} times: {last_failure.message}",
                 last_failure.instance_id,
             )
-        generated = self.generated
+        if pair is not None and len(choices) > 1:
+            # The engines take no `n` with disaggregation: one request per choice.
+            await self._split(choices[1:])
+            choices = self.choices
         sampling = self.sampling
+        if generated or sampling.n != len(choices):
+            sampling = msgspec.structs.replace(
+                sampling,
+                n=len(choices),
+                max_tokens=sampling.max_tokens - len(generated),
+                min_tokens=max(0, sampling.min_tokens - len(generated)),
+            )
         state = ctx.state
         request = GenerateRequest(
             request_id=self.attempt_id,
             instance_id=instance_id,
-            token_ids=state.prompt_ids + generated if generated else state.prompt_ids,
-            sampling=msgspec.structs.replace(
-                sampling,
-                max_tokens=sampling.max_tokens - len(generated),
-                min_tokens=max(0, sampling.min_tokens - len(generated)),
-            )
-            if generated
-            else sampling,
+            token_ids=self.prompt_ids + generated if generated else self.prompt_ids,
+            sampling=sampling,
+            logprobs=state.logprobs,
+            prompt_logprobs=self.prompt_logprobs if self.attempt == 0 else None,
+            reasoning=state.reasoning,
         )
         self.instance_id = instance_id
         self.got_tokens = False
+        self.unfinished = sum(1 for c in choices if not c.done)
         state.attempts[self.attempt_id] = self
         t0 = time.perf_counter()
         if pair is not None:
@@ -138,6 +160,24 @@ class Generation:
         self.open = True
         self.last = asyncio.get_running_loop().time()
 
+    async def _split(self, others: list[ChoiceOutput]) -> None:
+        """Serve `others` from one new generation each; this one keeps the rest."""
+        self.choices = [c for c in self.choices if c not in others]
+        for choice in others:
+            sibling = Generation(
+                self.ctx,
+                [choice],
+                self.prompt_ids,
+                f"{self.base_id}.c{choice.index}",
+                self.sampling,
+                self.prompt_logprobs,
+            )
+            sibling.attempt = self.attempt
+            sibling.exclude = list(self.exclude)
+            sibling.hops = self.hops
+            self.ctx.state.generations.append(sibling)
+            await sibling.start()
+
     async def _route(self) -> RouteResponse:
         ctx = self.ctx
         deps = ctx.deps
@@ -145,7 +185,7 @@ class Generation:
             RouteRequest(
                 request_id=self.attempt_id,
                 model=ctx.inp.request.model,
-                token_ids=ctx.state.prompt_ids,
+                token_ids=self.prompt_ids,
                 exclude=self.exclude,
             ),
             deps.limits.route_timeout,
@@ -188,13 +228,13 @@ class Generation:
         )
 
     async def finished(self) -> None:
-        """The engine sent its final message for this attempt."""
+        """The engine sent its final message for every choice of this attempt."""
         if self.stream is not None:
             self.stream.close()
         await self._end()
 
     async def stop(self) -> None:
-        """The request no longer needs this attempt (stop string, client gone, error)."""
+        """The request no longer needs this attempt (stop strings, client gone, error)."""
         if self.open and self.stream is not None:
             await self.stream.cancel()
         await self._end()
@@ -226,17 +266,23 @@ class Generation:
                 f"gave up after {deps.limits.migration_limit} migrations: {failure.message}",
                 failure.instance_id,
             )
+        left = [c for c in self.choices if not c.done]
         log.warning(
             "migrating request_id=%s from instance_id=%d kind=%s after %d tokens: %s",
             self.base_id,
             failure.instance_id,
             failure.kind,
-            len(self.generated),
+            sum(len(c.generated) for c in left),
             failure.message,
         )
         deps.metrics.migrations.labels(failure.kind).inc()
         self.ctx.state.migrations += 1
         self.attempt += 1
+        if len(left) > 1 and any(c.generated for c in left):
+            self.choices = left
+            await self._split(left[1:])  # each diverged choice resumes on its own
+        else:
+            self.choices = left
         await self.start(failure)
 
     def silent(self, timeout: float) -> GenerateFailed:

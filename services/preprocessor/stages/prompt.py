@@ -1,29 +1,37 @@
-"""The stages before any engine is involved: model, template, tokenize, check.
+"""The stages before any engine is involved: model, template, outputs, tokenize, check.
 
-- `resolve_model`: the model's catalog entry and tokenizer (404 / 503 when missing).
-- `render_template` (chat only): the messages through the model's chat template.
-- `tokenize`: the prompt's ids, refusing a prompt that certainly cannot fit before it is
+- `resolve_model`: the model's catalog entry, tokenizer and output parsers (404 / 503).
+- `render_template` (chat): the messages and tools through the model's chat template.
+- `outputs` (chat): the per-request output parsers (tool calls, reasoning) and the engine
+  constraint that `tool_choice` required / a named function asks for.
+- `tokenize`: each prompt's ids, refusing a prompt that certainly cannot fit before it is
   tokenized in full (prompt_encoder); client-given ids are checked against the vocabulary.
-- `check`: the exact context-length check and the engine-neutral sampling parameters.
+- `check`: the exact context-length check and the engine-neutral sampling parameters, with
+  the fields only some engine protocols can honour checked against the model's engines.
 """
 
 from __future__ import annotations
 
+import msgspec
+
 from switchyard.preprocessor.errors import (
     CONTEXT_LENGTH_EXCEEDED,
     INVALID_VALUE,
+    UNSUPPORTED_VALUE,
     InvalidRequestError,
     ModelNotFoundError,
     ServiceUnavailableError,
 )
 from switchyard.preprocessor.openai_requests import (
     ChatCompletionRequest,
+    CompletionRequest,
     SamplingOptions,
     check_context,
 )
+from switchyard.preprocessor.parsers import tool_choice_constraint
 from switchyard.preprocessor.prompt_encoder import PromptTooLong
 from switchyard.preprocessor.stages.context import RequestContext
-from switchyard.protos.messages import SamplingParams
+from switchyard.protos.messages import PROTOCOL_SGLANG, Constraint, SamplingParams
 
 
 def resolve_model(ctx: RequestContext) -> None:
@@ -40,13 +48,73 @@ def resolve_model(ctx: RequestContext) -> None:
         )
     ctx.state.entry = entry
     ctx.state.tokenizer = tokenizer
+    if ctx.inp.endpoint == "chat_completions":
+        ctx.state.parsers = ctx.deps.parsers(model, tokenizer)
 
 
 def render_template(ctx: RequestContext) -> None:
     req = ctx.inp.request
-    assert isinstance(req, ChatCompletionRequest) and ctx.state.tokenizer is not None
-    ctx.state.prompt_text = ctx.state.tokenizer.chat_template.render(req.messages)
+    tokenizer = ctx.state.tokenizer
+    assert isinstance(req, ChatCompletionRequest) and tokenizer is not None
+    template = tokenizer.chat_template
+    for name in req.template_kwargs:
+        if name == "reasoning_effort" and name not in template.source:
+            raise InvalidRequestError(
+                "'reasoning_effort' is not used by this model's chat template.",
+                UNSUPPORTED_VALUE,
+                "reasoning_effort",
+            )
+    text = template.render(
+        req.messages,
+        req.add_generation_prompt,
+        tools=req.tools or None,
+        chat_template_kwargs=req.template_kwargs or None,
+    )
+    if req.continue_final_message:
+        text = _continue_final(text, req.messages[-1])
+    ctx.state.prompt_texts = [text]
     ctx.state.param = "messages"
+
+
+def _continue_final(text: str, last: dict) -> str:
+    """The prompt cut right after the final assistant message's text (as vLLM does), so the
+    model continues that message instead of starting a new one."""
+    content = last.get("content") or ""
+    if isinstance(content, list):
+        content = "\n".join(part.get("text", "") for part in content)
+    at = text.rfind(content) if content else -1
+    if at < 0:
+        raise InvalidRequestError(
+            "'continue_final_message': the chat template does not render the final message's "
+            "text as given, so there is nothing to continue.",
+            INVALID_VALUE,
+            "continue_final_message",
+        )
+    return text[: at + len(content)]
+
+
+def outputs(ctx: RequestContext) -> None:
+    """The constraint tool_choice asks for (the parsers are made per choice in `generate`)."""
+    req = ctx.inp.request
+    assert isinstance(req, ChatCompletionRequest)
+    choice = ctx.state.parsers
+    if req.tools and req.tool_choice in ("required",) or isinstance(req.tool_choice, dict):
+        built = tool_choice_constraint(req.tools, req.tool_choice, req.parallel_tool_calls)
+        if built is not None:
+            if req.sampling.constraint is not None:
+                raise InvalidRequestError(
+                    f"tool_choice {req.tool_choice!r} constrains the output itself: it cannot "
+                    f"be combined with '{req.sampling.constraint_param}'.",
+                    INVALID_VALUE,
+                    "tool_choice",
+                )
+            ctx.state.extra["constraint"] = Constraint(kind=built.kind, value=built.value)
+    reasoning = choice is not None and choice.reasoning is not None and req.separate_reasoning
+    if reasoning:
+        assert choice is not None and choice.reasoning is not None
+        probe = choice.reasoning.parser(ctx.state.prompt_texts[0] or "", req.template_kwargs)
+        reasoning = probe is not None
+    ctx.state.reasoning = reasoning
 
 
 def _prompt_budget(ctx: RequestContext) -> int:
@@ -61,49 +129,94 @@ async def tokenize(ctx: RequestContext) -> None:
     tokenizer = state.tokenizer
     assert tokenizer is not None and state.entry is not None
     req = ctx.inp.request
-    if state.prompt_text is None:
-        prompt = req.prompt  # type: ignore[union-attr]
+    if isinstance(req, CompletionRequest):
         state.param = "prompt"
-        if isinstance(prompt, str):
-            state.prompt_text = prompt
-        else:
-            if max(prompt) >= tokenizer.vocab_size:
+        state.prompt_texts = [p if isinstance(p, str) else None for p in req.prompts]
+    budget = _prompt_budget(ctx)
+    batch = len(state.prompt_texts) > 1
+    state.prompt_ids = []
+    for i, text in enumerate(state.prompt_texts):
+        param = f"{state.param}[{i}]" if batch else state.param
+        if text is None:
+            ids = list(req.prompts[i])  # type: ignore[union-attr]
+            if max(ids) >= tokenizer.vocab_size:
                 raise InvalidRequestError(
                     f"Token ids must be below the vocabulary size {tokenizer.vocab_size}.",
                     INVALID_VALUE,
-                    "prompt",
+                    param,
                 )
-            state.prompt_ids = list(prompt)
-            return
-    budget = _prompt_budget(ctx)
-    try:
-        state.prompt_ids = await tokenizer.prompts.encode(
-            state.prompt_text, budget, ctx.deps.limits.offload_chars
-        )
-    except PromptTooLong as exc:
-        where = "prompt" if state.param == "prompt" else "messages"
-        raise InvalidRequestError(
-            f"This model's maximum context length is {state.entry.context_length} tokens. "
-            f"However, your {where} resulted in at least {exc.tokens} tokens. Please reduce "
-            f"the length of the {where}.",
-            CONTEXT_LENGTH_EXCEEDED,
-            state.param,
-        ) from None
-    if not state.prompt_ids:
-        raise InvalidRequestError("The prompt is empty.", INVALID_VALUE, state.param)
+        else:
+            try:
+                ids = await tokenizer.prompts.encode(text, budget, ctx.deps.limits.offload_chars)
+            except PromptTooLong as exc:
+                where = "prompt" if state.param == "prompt" else "messages"
+                raise InvalidRequestError(
+                    f"This model's maximum context length is {state.entry.context_length} "
+                    f"tokens. However, your {where} resulted in at least {exc.tokens} tokens. "
+                    f"Please reduce the length of the {where}.",
+                    CONTEXT_LENGTH_EXCEEDED,
+                    param,
+                ) from None
+        if not ids:
+            raise InvalidRequestError("The prompt is empty.", INVALID_VALUE, param)
+        state.prompt_ids.append(ids)
 
 
 def check(ctx: RequestContext) -> None:
     state = ctx.state
-    assert state.entry is not None
-    opts = ctx.inp.request.sampling
-    max_tokens = check_context(
-        len(state.prompt_ids), opts.max_tokens, state.entry.context_length, state.param
+    assert state.entry is not None and state.tokenizer is not None
+    req = ctx.inp.request
+    opts = req.sampling
+    batch = len(state.prompt_ids) > 1
+    max_tokens = min(
+        check_context(
+            len(ids),
+            opts.max_tokens,
+            state.entry.context_length,
+            f"{state.param}[{i}]" if batch else state.param,
+        )
+        for i, ids in enumerate(state.prompt_ids)
     )
-    state.sampling = sampling_params(opts, max_tokens)
+    vocab = state.tokenizer.vocab_size
+    for token_id in opts.stop_token_ids:
+        if token_id >= vocab:
+            raise InvalidRequestError(
+                f"stop_token_ids: {token_id} is not below the vocabulary size {vocab}.",
+                INVALID_VALUE,
+                "stop_token_ids",
+            )
+    for token_id, _ in opts.logit_bias:
+        if token_id >= vocab:
+            raise InvalidRequestError(
+                f"logit_bias: token {token_id} is not below the vocabulary size {vocab}.",
+                INVALID_VALUE,
+                "logit_bias",
+            )
+    if opts.seed is not None:
+        protocols = {i.protocol for i in ctx.deps.instances().values() if i.model == req.model}
+        if PROTOCOL_SGLANG in protocols:
+            # Refused whatever engine a request would land on, so the answer never depends on
+            # the routing: SGLang's gRPC SamplingParams has no seed.
+            raise InvalidRequestError(
+                f"'seed' is not supported for model {req.model!r}: some of its engines are "
+                "SGLang engines, whose gRPC API takes no seed.",
+                UNSUPPORTED_VALUE,
+                "seed",
+            )
+    constraint = state.extra.get("constraint") or opts.constraint
+    state.sampling = sampling_params(opts, max_tokens, constraint)
+    if isinstance(req, ChatCompletionRequest):
+        state.logprobs = req.top_logprobs if req.logprobs else None
+        state.top_logprobs = req.top_logprobs
+    else:
+        state.logprobs = req.logprobs
+        if req.best_of > opts.n and state.logprobs is None:
+            state.logprobs = 0  # best_of ranks the candidates by their logprobs
 
 
-def sampling_params(opts: SamplingOptions, max_tokens: int) -> SamplingParams:
+def sampling_params(
+    opts: SamplingOptions, max_tokens: int, constraint: Constraint | None = None
+) -> SamplingParams:
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=opts.temperature,
@@ -116,4 +229,19 @@ def sampling_params(opts: SamplingOptions, max_tokens: int) -> SamplingParams:
         frequency_penalty=opts.frequency_penalty,
         seed=opts.seed,
         ignore_eos=opts.ignore_eos,
+        stop_token_ids=list(opts.stop_token_ids),
+        logit_bias=dict(opts.logit_bias),
+        n=opts.n,
+        constraint=constraint,
     )
+
+
+__all__ = [
+    "check",
+    "msgspec",
+    "outputs",
+    "render_template",
+    "resolve_model",
+    "sampling_params",
+    "tokenize",
+]

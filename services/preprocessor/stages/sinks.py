@@ -1,20 +1,23 @@
 """Where the token loop puts each choice's output: an SSE stream, or one JSON body.
 
 `StreamSink` gathers the frames of one batch of replies and writes them in one go (the role
-chunk with the first content; finish, usage and [DONE] together). The HTTP status goes out
-with the first write, so a failure before any output still gets a proper error status.
-`CollectSink` keeps the text per choice and answers once, at the end.
+chunk with the first content; finish, usage and [DONE] together): what one choice produced
+in a batch (text, reasoning, tool-call deltas, logprobs) is one chunk. The HTTP status goes
+out with the first write, so a failure before any output still gets a proper error status.
+`CollectSink` keeps everything per choice and answers once, at the end. Plain text (no
+parsers, no logprobs) takes a pre-encoded fast path.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
+
+import orjson
 
 from switchyard.preprocessor import sse
 from switchyard.preprocessor.errors import RequestError
+from switchyard.preprocessor.parsers import ParsedDelta, ToolCallDelta
 from switchyard.preprocessor.stages.choice import ChoiceOutput
-
-Sink = "StreamSink | CollectSink"
 
 
 class HttpOut(Protocol):
@@ -30,18 +33,49 @@ class HttpOut(Protocol):
 
 
 class Usage:
-    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens")
+    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens")
 
-    def __init__(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> None:
+    def __init__(
+        self,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int,
+        reasoning_tokens: int = 0,
+    ) -> None:
         self.prompt_tokens = prompt_tokens
         self.completion_tokens = completion_tokens
         self.cached_tokens = cached_tokens
+        self.reasoning_tokens = reasoning_tokens
+
+    def as_dict(self) -> dict[str, Any]:
+        return sse.usage_dict(
+            self.prompt_tokens, self.completion_tokens, self.cached_tokens, self.reasoning_tokens
+        )
+
+
+def _merge_calls(pending: list[ToolCallDelta], calls: tuple[ToolCallDelta, ...]) -> None:
+    for call in calls:
+        last = pending[-1] if pending else None
+        if last is not None and call.name is None and last.index == call.index:
+            last.arguments += call.arguments  # one call's fragments in one batch: one entry
+        else:
+            pending.append(ToolCallDelta(call.index, call.id, call.name, call.arguments))
 
 
 class StreamSink:
-    """Text of one choice that arrives in one batch goes out as one content chunk."""
-
-    __slots__ = ("_http", "_frames", "_chat", "_include_usage", "_out", "_text", "_at", "started")
+    __slots__ = (
+        "_http",
+        "_frames",
+        "_chat",
+        "_include_usage",
+        "_out",
+        "_at",
+        "_text",
+        "_reasoning",
+        "_calls",
+        "_lp",
+        "started",
+    )
 
     def __init__(
         self,
@@ -55,38 +89,84 @@ class StreamSink:
         self._chat = chat
         self._include_usage = include_usage
         self._out: list[bytes] = []
-        self._text: list[str] = []  # content not framed yet, all of choice `_at`
-        self._at = -1
+        self._at = -1  # the choice whose output is pending (not framed yet)
+        self._text: list[str] = []
+        self._reasoning: list[str] = []
+        self._calls: list[ToolCallDelta] = []
+        self._lp: Any = None  # chat: list of content entries; completions: a logprobs dict
         self.started = False  # the status line and headers went out
 
     def _open(self, choice: ChoiceOutput) -> None:
-        choice.first_sent = True
-        if self._chat:
-            self._out.append(self._frames.first(choice.index))
+        if self._at != choice.index and self._at != -1:
+            self._frame()
+        self._at = choice.index
+        if not choice.first_sent:
+            choice.first_sent = True
+            if self._chat:
+                self._out.append(self._frames.first(choice.index))
 
-    def _frame_text(self) -> None:
-        text = self._text
-        self._out.append(self._frames.delta(text[0] if len(text) == 1 else "".join(text), self._at))
+    def _frame(self) -> None:
+        at, text = self._at, self._text
+        content = text[0] if len(text) == 1 else "".join(text)
+        if not self._reasoning and not self._calls and self._lp is None:
+            if content:
+                self._out.append(self._frames.delta(content, at))
+        elif self._chat:
+            delta: dict[str, Any] = {}
+            if content:
+                delta["content"] = content
+            if self._reasoning:
+                delta["reasoning_content"] = "".join(self._reasoning)
+            if self._calls:
+                delta["tool_calls"] = [call.to_openai() for call in self._calls]
+            lp = {"content": self._lp} if self._lp is not None else None
+            self._out.append(self._frames.chunk(at, delta, lp))  # type: ignore[call-arg]
+        else:
+            self._out.append(self._frames.chunk(at, content, self._lp))  # type: ignore[arg-type]
         text.clear()
+        self._reasoning.clear()
+        self._calls.clear()
+        self._lp = None
+        self._at = -1
 
     def content(self, choice: ChoiceOutput, text: str) -> None:
-        if self._text and self._at != choice.index:
-            self._frame_text()
-        if not choice.first_sent:
-            self._open(choice)
-        self._at = choice.index
+        self._open(choice)
         self._text.append(text)
 
+    def echo(self, choice: ChoiceOutput) -> None:
+        """Completions echo: the prompt's text, ahead of the output."""
+        choice.echoed = True
+        self.content(choice, choice.echo)
+
+    def parsed(self, choice: ChoiceOutput, parsed: ParsedDelta) -> None:
+        self._open(choice)
+        content, reasoning, calls = parsed
+        if content:
+            self._text.append(content)
+        if reasoning:
+            self._reasoning.append(reasoning)
+        if calls:
+            _merge_calls(self._calls, calls)
+
+    def logprobs(self, choice: ChoiceOutput, part: Any) -> None:
+        """Chat: a list of `logprobs.content` entries; completions: a logprobs dict part."""
+        self._open(choice)
+        if self._lp is None:
+            self._lp = part
+        elif self._chat:
+            self._lp.extend(part)
+        else:
+            for key, values in part.items():
+                self._lp[key].extend(values)
+
     def finish(self, choice: ChoiceOutput) -> None:
-        if self._text:
-            self._frame_text()
-        if not choice.first_sent:
-            self._open(choice)
+        self._open(choice)
+        self._frame()
         self._out.append(self._frames.finish(choice.finish_reason or "stop", choice.index))
 
     async def flush(self) -> None:
-        if self._text:
-            self._frame_text()
+        if self._at != -1:
+            self._frame()
         if not self._out:
             return
         data = b"".join(self._out) if len(self._out) > 1 else self._out[0]
@@ -100,7 +180,10 @@ class StreamSink:
         if self._include_usage:
             self._out.append(
                 self._frames.usage(
-                    usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens
+                    usage.prompt_tokens,
+                    usage.completion_tokens,
+                    usage.cached_tokens,
+                    usage.reasoning_tokens,
                 )
             )
         self._out.append(sse.DONE)
@@ -113,6 +196,7 @@ class StreamSink:
         if not self.started:
             self._out.clear()
             self._text.clear()
+            self._at = -1
             return False
         self._out.append(sse.sse_error(err.message, err.type, err.code, err.param))
         self._out.append(sse.DONE)
@@ -121,8 +205,19 @@ class StreamSink:
         return True
 
 
+class _Collected:
+    __slots__ = ("text", "reasoning", "logprobs")
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.reasoning: list[str] = []
+        self.logprobs: list[dict[str, Any]] = []
+
+
 class CollectSink:
-    __slots__ = ("_http", "_inp", "_chat", "_parts")
+    """One JSON body at the end: every choice's text (reasoning and tool calls apart)."""
+
+    __slots__ = ("_http", "_inp", "_chat", "_choices", "keep")
 
     started = False
 
@@ -130,13 +225,32 @@ class CollectSink:
         self._http = http
         self._inp = (completion_id, model, created)
         self._chat = chat
-        self._parts: dict[int, list[str]] = {}
+        self._choices: dict[int, _Collected] = {}
+        self.keep: int | None = None  # best_of: how many of the choices to answer with
+
+    def _of(self, choice: ChoiceOutput) -> _Collected:
+        got = self._choices.get(choice.index)
+        if got is None:
+            got = self._choices[choice.index] = _Collected()
+        return got
 
     def content(self, choice: ChoiceOutput, text: str) -> None:
-        parts = self._parts.get(choice.index)
-        if parts is None:
-            parts = self._parts[choice.index] = []
-        parts.append(text)
+        self._of(choice).text.append(text)
+
+    def echo(self, choice: ChoiceOutput) -> None:
+        choice.echoed = True  # the body puts choice.echo first
+
+    def parsed(self, choice: ChoiceOutput, parsed: ParsedDelta) -> None:
+        got = self._of(choice)
+        if parsed[0]:
+            got.text.append(parsed[0])
+        if parsed[1]:
+            got.reasoning.append(parsed[1])
+
+    def logprobs(self, choice: ChoiceOutput, part: Any) -> None:
+        if self._chat:
+            self._of(choice).logprobs.extend(part)
+        # completions keep theirs in choice.completion_logprobs
 
     def finish(self, choice: ChoiceOutput) -> None:
         pass
@@ -145,20 +259,74 @@ class CollectSink:
         pass
 
     def text(self, index: int) -> str:
-        return "".join(self._parts.get(index, ()))
+        got = self._choices.get(index)
+        return "".join(got.text) if got is not None else ""
 
-    async def end(self, choices: list[ChoiceOutput], usage: Usage) -> None:
-        build = sse.chat_completion_body if self._chat else sse.text_completion_body
-        choice = choices[0]
-        body = build(
-            *self._inp,
-            self.text(choice.index),
-            choice.finish_reason or "stop",
-            usage.prompt_tokens,
-            usage.completion_tokens,
-            usage.cached_tokens,
-        )
-        await self._http.respond(200, body)
+    def _chat_choice(self, choice: ChoiceOutput, logprobs: bool) -> dict[str, Any]:
+        got = self._choices.get(choice.index) or _Collected()
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(got.text)}
+        if got.reasoning:
+            message["reasoning_content"] = "".join(got.reasoning)
+        calls = choice.parser.calls if choice.parser is not None else []
+        if calls:
+            message["tool_calls"] = [call.to_openai() for call in calls]
+            if not message["content"]:
+                message["content"] = None
+        return {
+            "index": choice.index,
+            "message": message,
+            "logprobs": {"content": got.logprobs} if logprobs else None,
+            "finish_reason": choice.finish_reason or "stop",
+        }
+
+    def _completion_choice(self, choice: ChoiceOutput, index: int) -> dict[str, Any]:
+        lp = choice.completion_logprobs
+        return {
+            "index": index,
+            "text": choice.echo + self.text(choice.index),
+            "logprobs": lp.whole() if lp is not None else None,
+            "finish_reason": choice.finish_reason or "stop",
+        }
+
+    async def end(self, choices: list[ChoiceOutput], usage: Usage, logprobs: bool = False) -> None:
+        completion_id, model, created = self._inp
+        if self._chat:
+            body = {
+                "id": completion_id,
+                "object": "chat.completion",
+                "created": created,
+                "model": model,
+                "choices": [self._chat_choice(c, logprobs) for c in choices],
+                "usage": usage.as_dict(),
+            }
+        else:
+            kept = choices if self.keep is None else _best(choices, self.keep)
+            body = {
+                "id": completion_id,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [self._completion_choice(c, i) for i, c in enumerate(kept)],
+                "usage": usage.as_dict(),
+            }
+        await self._http.respond(200, orjson.dumps(body))
 
     async def fail(self, err: RequestError) -> bool:
         return False
+
+
+def _best(choices: list[ChoiceOutput], keep: int) -> list[ChoiceOutput]:
+    """best_of: per prompt (choices come in groups of best_of), the `keep` with the highest
+    total logprob, in their original order."""
+    groups: dict[int, list[ChoiceOutput]] = {}
+    for choice in choices:
+        groups.setdefault(choice.group, []).append(choice)
+    out: list[ChoiceOutput] = []
+    for batch in groups.values():
+        ranked = sorted(
+            batch,
+            key=lambda c: -(c.completion_logprobs.total() if c.completion_logprobs else 0.0),
+        )
+        best = {id(c) for c in ranked[:keep]}
+        out.extend(c for c in batch if id(c) in best)
+    return out

@@ -1,11 +1,12 @@
 """The `stream` stage: every reply of every attempt of a request, in one loop (hot path).
 
-Per batch of replies that arrived together: each token delta goes through its choice's text
-path (detokenize, stop strings, parsers) into the sink; a final message ends its choice; a
-failure migrates its attempt (Generation.fail). Then the batch's frames are written in one go,
-and only after that is the router told of first tokens (the client has them first). An attempt
-silent for too long (the watchdog) fails like a cut stream. There are no generator layers and
-no timer per token: one wake-up per batch, one write per batch.
+Per batch of replies that arrived together: each token delta goes to its choice (by attempt id
+and engine index) and through the choice's text path (detokenize, stop strings, parsers) into
+the sink, with its logprobs; a final message ends its choice; a failure migrates its attempt
+(Generation.fail). Then the batch's frames are written in one go, and only after that is the
+router told of first tokens (the client has them first). An attempt silent for too long (the
+watchdog) fails like a cut stream. There are no generator layers and no timer per token: one
+wake-up per batch, one write per batch.
 """
 
 from __future__ import annotations
@@ -13,12 +14,38 @@ from __future__ import annotations
 import asyncio
 import time
 
+from switchyard.preprocessor.parsers.types import EMPTY
 from switchyard.preprocessor.prefill_hop import HopStream
+from switchyard.preprocessor.stages.choice import ChoiceOutput
 from switchyard.preprocessor.stages.context import RequestContext
 from switchyard.preprocessor.stages.generation import Generation
+from switchyard.preprocessor.stages.logprobs import chat_entries
 from switchyard.preprocessor.stages.sinks import CollectSink, StreamSink
 from switchyard.preprocessor.stages.watchdog import Watchdog
 from switchyard.protos.messages import GenerateFailed, GenerateFinished, TokenDelta
+
+
+def _logprobs(
+    ctx: RequestContext, sink: StreamSink | CollectSink, choice: ChoiceOutput, reply: TokenDelta
+) -> None:
+    detail = reply.detail
+    assert detail is not None
+    state = ctx.state
+    texts = state.tokenizer.token_texts  # type: ignore[union-attr]
+    lp = choice.completion_logprobs
+    if detail.prompt_logprobs is not None and lp is not None:
+        part = lp.add_prompt(choice.prompt, detail.prompt_logprobs)
+        if choice.echo and not choice.echoed:
+            sink.echo(choice)
+        sink.logprobs(choice, part)
+    elif choice.echo and not choice.echoed:
+        sink.echo(choice)
+    if detail.logprobs is not None and reply.token_ids:
+        if lp is not None:
+            sink.logprobs(choice, lp.add_output(reply.token_ids, detail.logprobs))
+        else:
+            entries = chat_entries(texts, reply.token_ids, detail.logprobs, state.top_logprobs)
+            sink.logprobs(choice, entries)
 
 
 async def stream(ctx: RequestContext, sink: StreamSink | CollectSink) -> None:
@@ -55,14 +82,27 @@ async def stream(ctx: RequestContext, sink: StreamSink | CollectSink) -> None:
                 gen = attempts.get(reply.request_id)
                 if gen is None:
                     continue  # an attempt that ended (migrated, stopped)
-                choice = gen.choice
-                if choice.finish_reason is not None:
-                    continue
                 kind = type(reply)
+                if kind is GenerateFailed:
+                    await gen.fail(reply)
+                    watchdog.ensure()
+                    continue
+                index = reply.index
+                if index >= len(gen.choices):
+                    continue
+                choice = gen.choices[index]
+                if choice.done:
+                    continue
                 if kind is TokenDelta:
                     ids = reply.token_ids
                     gen.last = now
-                    gen.generated += ids
+                    if reply.detail is not None:
+                        _logprobs(ctx, sink, choice, reply)
+                    elif choice.echo and not choice.echoed:
+                        sink.echo(choice)
+                    if not ids:
+                        continue
+                    choice.generated += ids
                     got_tokens = True
                     if not gen.got_tokens:
                         gen.got_tokens = True
@@ -70,24 +110,36 @@ async def stream(ctx: RequestContext, sink: StreamSink | CollectSink) -> None:
                             gen.stream.started = True
                         firsts.append(gen)
                         watchdog.arm()  # its deadline is now the (shorter) gap timeout
-                    text = choice.feed(ids)
-                    if text:
-                        sink.content(choice, text)
-                    if choice.finish_reason is not None:  # a stop string completed
+                    if choice.parser is None:
+                        text = choice.text(ids)
+                        if text:
+                            sink.content(choice, text)
+                    else:
+                        parsed = choice.parsed(ids)
+                        if parsed is not EMPTY:
+                            sink.parsed(choice, parsed)
+                    if choice.done:  # a stop string completed
+                        choice.stopped_reason()
                         sink.finish(choice)
                         state.unfinished -= 1
-                        stopped.append(gen)
+                        gen.unfinished -= 1
+                        if not gen.unfinished:
+                            stopped.append(gen)
                 elif kind is GenerateFinished:
+                    if choice.echo and not choice.echoed:
+                        sink.echo(choice)
                     tail = choice.finish(reply.finish_reason)
                     choice.cached_tokens = reply.cached_tokens
-                    if tail:
-                        sink.content(choice, tail)
+                    if type(tail) is str:
+                        if tail:
+                            sink.content(choice, tail)
+                    elif tail is not EMPTY:
+                        sink.parsed(choice, tail)  # type: ignore[arg-type]
                     sink.finish(choice)
                     state.unfinished -= 1
-                    ended.append(gen)
-                elif kind is GenerateFailed:
-                    await gen.fail(reply)
-                    watchdog.ensure()
+                    gen.unfinished -= 1
+                    if not gen.unfinished:
+                        ended.append(gen)
             if got_tokens:
                 if state.first_token_at is None:
                     state.first_token_at = time.perf_counter()

@@ -194,7 +194,8 @@ class TestChatErrors:
             ({"stop": 3}, "stop"),
             ({"stop": ["a", 1]}, "stop[1]"),
             ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
-            ({"n": 2}, "n"),
+            ({"n": 0}, "n"),
+            ({"n": 129}, "n"),
             ({"n": "1"}, "n"),
             ({"presence_penalty": 2.1}, "presence_penalty"),
             ({"frequency_penalty": -3}, "frequency_penalty"),
@@ -204,14 +205,35 @@ class TestChatErrors:
             ({"stream": 1}, "stream"),
             ({"stream_options": True}, "stream_options"),
             ({"stream_options": {"include_usage": "y"}}, "stream_options.include_usage"),
-            ({"logprobs": True}, "logprobs"),
             ({"logprobs": 1}, "logprobs"),
             ({"top_logprobs": 3}, "top_logprobs"),
+            ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+            ({"logit_bias": {"x": 1}}, "logit_bias"),
+            ({"logit_bias": {"5": 101}}, "logit_bias"),
+            ({"stop_token_ids": [-1]}, "stop_token_ids[0]"),
+            ({"tool_choice": "sometimes"}, "tool_choice"),
+            ({"tool_choice": "required"}, "tool_choice"),
+            ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+            (
+                {"tools": [{"type": "function", "function": {"name": "a b"}}]},
+                "tools[0].function.name",
+            ),
+            ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
+            ({"response_format": {"type": "yaml"}}, "response_format.type"),
+            ({"response_format": {"type": "json_object"}, "regex": "a+"}, "regex"),
+            ({"structured_outputs": {"regex": "a", "choice": ["x"]}}, "structured_outputs"),
+            ({"guided_json": "not json"}, "guided_json"),
+            ({"reasoning_effort": "extreme"}, "reasoning_effort"),
+            ({"modalities": ["audio"]}, "modalities[0]"),
+            ({"service_tier": "priority"}, "service_tier"),
+            ({"store": True}, "store"),
+            ({"metadata": {"k": "v"}}, "metadata"),
+            ({"continue_final_message": True}, "continue_final_message"),
         ],
     )
     def test_invalid_value(self, fields: dict[str, Any], param: str) -> None:
         err = chat_error(chat(**fields))
-        assert err.code in ("invalid_value", "invalid_type")
+        assert err.code in ("invalid_value", "invalid_type", "unsupported_value")
         assert err.param == param
         assert param in err.message
 
@@ -238,10 +260,8 @@ class TestChatErrors:
         assert err.message == (
             "Invalid type for 'temperature': expected float | null, but got str instead."
         )
-        err = chat_error(chat(n=3))
-        assert "'n' must be 1" in err.message and "3" in err.message
-        err = chat_error(chat(logprobs=True))
-        assert "not supported" in err.message
+        err = chat_error(chat(top_logprobs=3))
+        assert "requires 'logprobs'" in err.message
 
     def test_image_parts_rejected(self) -> None:
         content = [{"type": "image_url", "image_url": {"url": "http://x"}}]
@@ -286,8 +306,8 @@ class TestCompletion:
             ([""], "prompt[0]"),
             ([[]], "prompt[0]"),
             ([2**31], "prompt[0]"),
-            (["a", "b"], "prompt"),
-            ([[1], [2]], "prompt"),
+            (["a", 1], "prompt[1]"),
+            ([[1], "b"], "prompt[1]"),
             ([1, "a"], "prompt[1]"),
             ([1, -1], "prompt[1]"),
             ([1, 2.0], "prompt[1]"),
@@ -301,29 +321,112 @@ class TestCompletion:
         assert err.code in ("invalid_value", "invalid_type")
         assert err.param == param
 
-    def test_batched_prompt_message(self) -> None:
-        err = completion_error(completion(prompt=["a", "b"]))
-        assert "batched prompts are not supported" in err.message
+    def test_batched_prompts(self) -> None:
+        assert parse_completion(completion(prompt=["a", "b"])).prompts == ("a", "b")
+        assert parse_completion(completion(prompt=[[1], [2, 3]])).prompts == ((1,), (2, 3))
 
     @pytest.mark.parametrize(
         ("fields", "param"),
         [
-            ({"logprobs": 1}, "logprobs"),
-            ({"echo": True}, "echo"),
-            ({"best_of": 2}, "best_of"),
+            ({"logprobs": 21}, "logprobs"),
+            ({"best_of": 2, "n": 3}, "best_of"),
+            ({"best_of": 3, "stream": True}, "best_of"),
             ({"suffix": "x"}, "suffix"),
-            ({"n": 2}, "n"),
             ({"max_tokens": 0}, "max_tokens"),
             # max_completion_tokens is a chat field: on completions it is an unknown key.
         ],
     )
     def test_unsupported(self, fields: dict[str, Any], param: str) -> None:
         err = completion_error(completion(**fields))
-        assert (err.code, err.param) == ("invalid_value", param)
+        assert err.code in ("invalid_value", "unsupported_value")
+        assert err.param == param
 
-    def test_false_logprobs_and_echo_are_fine(self) -> None:
-        req = parse_completion(completion(logprobs=False, echo=False, best_of=1, suffix=None))
-        assert req.prompt == "hello"
+    def test_completion_extras(self) -> None:
+        req = parse_completion(completion(logprobs=2, echo=True, best_of=3, n=2, suffix=None))
+        assert (req.logprobs, req.echo, req.best_of, req.sampling.n) == (2, True, 3, 2)
+        assert parse_completion(completion()).best_of == 1
+
+
+class TestSurface:
+    """The fields that take effect: carried into the request types (the stages act on them)."""
+
+    def test_tools_and_tool_choice(self) -> None:
+        tool = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+        req = parse_chat_completion(chat(tools=[tool]))
+        assert req.tools == (tool,) and req.tool_choice is None
+        named = {"type": "function", "function": {"name": "get_weather"}}
+        req = parse_chat_completion(
+            chat(tools=[tool], tool_choice=named, parallel_tool_calls=False)
+        )
+        assert req.tool_choice == named and req.parallel_tool_calls is False
+
+    def test_history_with_tool_calls(self) -> None:
+        call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        messages = [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+        ]
+        req = parse_chat_completion(chat(messages=messages))
+        assert req.messages[1]["tool_calls"] == [call]
+        assert req.messages[2] == {"role": "tool", "content": "42", "tool_call_id": "call_1"}
+
+    @pytest.mark.parametrize(
+        ("fields", "kind"),
+        [
+            ({"response_format": {"type": "json_object"}}, "json_object"),
+            (
+                {
+                    "response_format": {
+                        "type": "json_schema",
+                        "json_schema": {"name": "x", "schema": {"type": "object"}},
+                    }
+                },
+                "json_schema",
+            ),
+            ({"regex": "[a-z]+"}, "regex"),
+            ({"ebnf": "root ::= 'a'"}, "ebnf"),
+            ({"guided_choice": ["yes", "no"]}, "choice"),
+            ({"structured_outputs": {"json": {"type": "object"}}}, "json_schema"),
+            ({"response_format": {"type": "text"}}, None),
+        ],
+    )
+    def test_constraints(self, fields: dict[str, Any], kind: str | None) -> None:
+        constraint = parse_chat_completion(chat(**fields)).sampling.constraint
+        assert (constraint.kind if constraint else None) == kind
+
+    def test_sampling_extras(self) -> None:
+        s = parse_chat_completion(
+            chat(n=3, logit_bias={"12": -100}, stop_token_ids=[5, 5, 6], skip_special_tokens=False)
+        ).sampling
+        assert (s.n, s.logit_bias, s.stop_token_ids, s.skip_special_tokens) == (
+            3,
+            ((12, -100.0),),
+            (5, 6),
+            False,
+        )
+
+    def test_logprobs_and_template_switches(self) -> None:
+        req = parse_chat_completion(
+            chat(
+                logprobs=True,
+                top_logprobs=4,
+                chat_template_kwargs={"enable_thinking": False},
+                separate_reasoning=False,
+                service_tier="auto",
+                store=False,
+            )
+        )
+        assert (req.logprobs, req.top_logprobs) == (True, 4)
+        assert req.template_kwargs == {"enable_thinking": False}
+        assert req.separate_reasoning is False
+
+    def test_continue_final_message(self) -> None:
+        messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}]
+        req = parse_chat_completion(
+            chat(messages=messages, continue_final_message=True, add_generation_prompt=False)
+        )
+        assert req.continue_final_message and not req.add_generation_prompt
 
     def test_max_completion_tokens_is_unknown_here(self) -> None:
         err = completion_error(completion(max_completion_tokens=3))

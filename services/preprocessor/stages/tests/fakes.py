@@ -14,6 +14,7 @@ import orjson
 
 from switchyard.preprocessor.catalog import ModelEntry
 from switchyard.preprocessor.metrics import PreprocessorMetrics
+from switchyard.preprocessor.parsers import parsers_for
 from switchyard.preprocessor.reply_queue import ReplyQueue
 from switchyard.preprocessor.stages.context import Deps, Limits
 from switchyard.preprocessor.tokenizer import TokenizerBundle
@@ -151,6 +152,7 @@ def deps(
         catalog=lambda: {MODEL: entry},
         tokenizer=lambda model: bundle if model == MODEL else None,
         instances=lambda: instances,
+        parsers=lambda model, b: parsers_for(b.model_config, b.chat_template.source),
         metrics=PreprocessorMetrics(),
         limits=Limits(**limits),
     )
