@@ -6,7 +6,8 @@
 Three tasks share one Registry: the control loop (answers requests, applies down reports at
 once), the probe loop (re-probes every configured worker concurrently each probe interval,
 sooner when workers were added) and the file watch loop (polls the workers file every
-second). Every change goes through `_publish`, which diffs the routable list against the
+second); with a Kubernetes pod source, a fourth applies each change of the Ready pods. Every
+change goes through `_publish`, which diffs the routable list against the
 last published one. Versions start at the startup time in microseconds, so a restarted
 fleet continues above its predecessor and consumers see a gap, not stale versions.
 """
@@ -28,6 +29,7 @@ from switchyard.common.engines import EngineInfo
 from switchyard.common.errors import EngineError
 from switchyard.common.instance_diff import diff_instances, index_instances
 from switchyard.common.workers import WorkerSpec
+from switchyard.fleet.k8s.source import PodSource, merge_workers
 from switchyard.fleet.metrics import FleetMetrics
 from switchyard.fleet.prober import Prober
 from switchyard.fleet.registry import Registry
@@ -65,8 +67,11 @@ class FleetService:
         prober: Prober | None = None,
         context: zmq.asyncio.Context | None = None,
         initial_version: int | None = None,
+        pods: PodSource | None = None,
     ) -> None:
         self._source = source
+        self._pods = pods
+        self._listed: list[WorkerSpec] = []  # from flags and the workers file
         self._control_endpoint = control
         self._events_endpoint = events
         self._probe_interval = probe_interval
@@ -105,7 +110,10 @@ class FleetService:
 
     async def start(self) -> None:
         """Load the worker list (ValueError/OSError: bad config), bind, start the loops."""
-        specs = self._source.load()
+        self._listed = self._source.load()
+        if self._pods is not None:
+            await self._pods.start()  # ConfigError (a ValueError): no cluster configuration
+        specs = self._specs()
         self._registry.configure(specs)
         log.info(
             "fleet starting: %d worker(s), control %s, events %s",
@@ -131,6 +139,8 @@ class FleetService:
         ]
         if self._source.file is not None:
             self._tasks.append(asyncio.create_task(self._watch_loop(), name="fleet-watch"))
+        if self._pods is not None:
+            self._tasks.append(asyncio.create_task(self._pods_loop(), name="fleet-pods"))
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -141,6 +151,8 @@ class FleetService:
             if sock is not None:
                 sock.close(linger=0)
         self._router = self._pub = None
+        if self._pods is not None:
+            await self._pods.close()
         await self._prober.close()
         if self._own_context and self._context is not None:
             self._context.term()
@@ -267,14 +279,33 @@ class FleetService:
             try:
                 specs = await asyncio.to_thread(self._source.poll)
                 if specs is not None:
-                    await self._configure(specs)
+                    self._listed = specs
+                    await self._configure(self._specs(), "workers file")
             except Exception:
                 log.exception("workers file check failed")
 
-    async def _configure(self, specs: list[WorkerSpec]) -> None:
+    async def _pods_loop(self) -> None:
+        assert self._pods is not None
+        while True:
+            await self._pods.wait_changed()
+            try:
+                await self._configure(self._specs(), "Ready pods")
+            except Exception:
+                log.exception("applying the pod list failed")
+
+    def _specs(self) -> list[WorkerSpec]:
+        if self._pods is None:
+            return self._listed
+        return merge_workers(self._listed, self._pods.workers())
+
+    async def _configure(self, specs: list[WorkerSpec], what: str) -> None:
+        before = self._registry.specs
         added, removed = self._registry.configure(specs)
+        if before == self._registry.specs:
+            return
         log.info(
-            "workers file changed: %d worker(s), %d added, %d removed",
+            "%s changed: %d worker(s), %d added, %d removed",
+            what,
             len(specs),
             len(added),
             len(removed),
