@@ -94,8 +94,10 @@ class TestPodsBecomeInstances:
             del changes[:]
             api.update_pod(
                 "vl",
-                lambda p: p["metadata"].setdefault("annotations", {}).update(
-                    {"switchyard.ai/model": "org/served-name"}
+                lambda p: (
+                    p["metadata"]
+                    .setdefault("annotations", {})
+                    .update({"switchyard.ai/model": "org/served-name"})
                 ),
             )
             await until(lambda: by_url(client)[vl.url].model == "org/served-name", "renamed")
@@ -110,8 +112,10 @@ class TestPodsBecomeInstances:
         engine_pod(api, "d", d, labels={"pool": "decode"})
         async with fleet(config, free_port, "pool=prefill", "pool=decode") as (client, _, _):
             await until(
-                lambda: {u: i.role for u, i in by_url(client).items()}
-                == {p.url: "prefill", d.url: "decode"},
+                lambda: (
+                    {u: i.role for u, i in by_url(client).items()}
+                    == {p.url: "prefill", d.url: "decode"}
+                ),
                 "roles from the prefill label",
             )
 
