@@ -58,7 +58,7 @@ lint: $(STAMP)
 # The compose stack on a real Docker engine (installs docker.io from Debian's packages and the
 # compose v2 plugin from the dev lock when missing; needs root). See deploy/README.md.
 compose-test: $(STAMP)
-	deploy/compose-test.sh
+	$(BIN)/python deploy/compose_test.py
 
 # A base image made from Debian packages (debootstrap), for sites with no registry access.
 base-image:
