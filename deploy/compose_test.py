@@ -186,6 +186,19 @@ def routable_engines(base: str) -> int:
         return 0
 
 
+def unhealthy(compose: list[str], env: dict[str, str]) -> list[str]:
+    """Services whose container is not (yet) healthy."""
+    out = run(*compose, "ps", "--format", "json", env=env, cwd=ROOT, quiet=True)
+    rows = [json.loads(line) for line in out.splitlines() if line.strip().startswith("{")]
+    if not rows:
+        return ["(no containers)"]
+    return [
+        f"{r['Service']}: {r.get('Health') or r['State']}"
+        for r in rows
+        if r.get("Health") != "healthy"
+    ]
+
+
 def chat_and_stream(base: str, tag: str) -> None:
     """One chat and one streamed chat; raises unless both finish properly."""
     with openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=60) as client:
@@ -255,6 +268,9 @@ def main() -> int:
             run(*compose, "up", "-d", "--no-build", env=env, cwd=ROOT)
             wait_until("/ready", lambda: http_status(base_url + "/ready") == 200, 180)
             wait_until("both engines routable", lambda: routable_engines(base_url) == 2, 120)
+            # Docker runs each service's own health check (for fleet, router and dispatcher:
+            # switchyard.common.healthcheck, the Kubernetes probes' command too).
+            wait_until("every container healthy", lambda: unhealthy(compose, env) == [], 120)
         with timings.step("requests"):
             chat_and_stream(base_url, "both engines")
         with timings.step("engine killed"):
