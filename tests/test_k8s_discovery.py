@@ -1,9 +1,10 @@
 """End to end with Kubernetes pod discovery: fleet reads its engines from a test API server
 (the real list/watch wire, through the real client library), the rest of the stack as usual.
 
-A pod that appears mid-run gets requests once it is Ready; a pod that goes unready stops
-getting them, and its engine can then exit, with no request failing: a streaming client runs
-the whole time. (Pods point at mock engines on loopback; pod IPs are 127.0.0.1, ports differ.)
+A pod that appears mid-run gets requests once it is Ready; the API server goes away for a
+while and nothing changes; a pod that goes unready stops getting them, and its engine can
+then exit, with no request failing: a streaming client runs the whole time, and no process of
+the stack restarts. (Pods point at mock engines on loopback; pod IPs are 127.0.0.1, ports differ.)
 """
 
 from __future__ import annotations
@@ -207,6 +208,17 @@ def test_pods_joining_and_leaving_mid_run(tmp_path: Path):
                                 break
                         assert holders[-1] == "b", f"no request went to pod b: {holders}"
 
+                    # The API server goes away for a while: the stack keeps serving what it
+                    # knows, and fleet picks the watch up again when it is back.
+                    kube.call(kube.api.stop)
+                    seen = traffic.done
+                    wait_until(
+                        lambda: "cannot reach" in procs.log("fleet"), 60, what="fleet retrying"
+                    )
+                    wait_until(lambda: traffic.done >= seen + 3, 60, what="traffic, API down")
+                    assert routable(base) == {a.instance_id, b.instance_id}
+                    kube.call(kube.api.start)
+
                     # a goes unready (its readiness probe fails, e.g. it drains): no more
                     # requests for it, then its engine exits and the pod is deleted.
                     seen = traffic.done
@@ -221,6 +233,7 @@ def test_pods_joining_and_leaving_mid_run(tmp_path: Path):
                 fleet_log = procs.log("fleet")
                 assert "pod llm/b is a worker" in fleet_log
                 assert "pod llm/a is no longer a worker" in fleet_log
+                assert "recovered" in fleet_log  # the watch, after the outage
                 for name in ("router", "dispatcher", "preprocessor", "fleet", "engine-b"):
                     assert procs.procs[name].poll() is None, f"{name} exited"
             except AssertionError as exc:

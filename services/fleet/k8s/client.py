@@ -5,7 +5,8 @@ or a kubeconfig with its contexts, TLS, client certificates, tokens and exec plu
 request (path, query parameters, auth headers) and the HTTP transport. Responses are read as
 the API's own JSON (dicts), and the watch stream line by line, so the informer logic in
 `watch` sees exactly the wire: `{"type": ..., "object": ...}` events, ERROR events carrying a
-Status, and HTTP errors carrying a Status.
+Status, and HTTP errors carrying a Status. The library is heavy to import (a second or more):
+only a fleet with --k8s-selector loads this module.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,50 +23,16 @@ from kubernetes_asyncio import client as kube_client
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.config.config_exception import ConfigException
 
+from switchyard.fleet.k8s.errors import ConfigError, KubeApiError
+from switchyard.fleet.k8s.types import PodPage
+
 log = logging.getLogger(__name__)
 
-SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 CONNECT_TIMEOUT_S = 10.0
 LIST_TIMEOUT_S = 60.0
 # A watch gets no bytes while nothing changes (bookmarks come about once a minute at best), so
 # its read deadline is the server-side timeout plus this margin.
 WATCH_READ_MARGIN_S = 30.0
-
-
-class KubeApiError(Exception):
-    """A failed API call: an HTTP error or ERROR event (its Status fields), or a transport
-    failure (status 0)."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(f"{status} {reason}: {message}" if status else message)
-        self.status = status
-        self.reason = reason
-        self.message = message
-
-    @classmethod
-    def from_status(cls, status: Any, http_status: int = 0) -> KubeApiError:
-        """From a Status object (a dict); any other body becomes a bare HTTP error."""
-        if isinstance(status, dict) and status.get("kind") == "Status":
-            code = int(status.get("code") or http_status)
-            kind = ResourceGone if code == 410 else KubeApiError
-            return kind(code, str(status.get("reason", "")), str(status.get("message", "")))
-        kind = ResourceGone if http_status == 410 else KubeApiError
-        return kind(http_status, "", f"unexpected response body: {str(status)[:200]}")
-
-
-class ResourceGone(KubeApiError):
-    """410 Gone: the resourceVersion (or continue token) is older than the server keeps."""
-
-
-class ConfigError(ValueError):
-    """No usable cluster configuration (fleet fails at startup)."""
-
-
-@dataclass(frozen=True)
-class PodPage:
-    items: list[dict[str, Any]]
-    resource_version: str
-    continue_token: str | None
 
 
 class PodApi:
@@ -79,18 +45,28 @@ class PodApi:
         self.where = where  # the API server, for logs
 
     @classmethod
-    async def connect(cls, kubeconfig: str | None = None, namespace: str | None = None) -> PodApi:
+    async def connect(
+        cls,
+        kubeconfig: str | None = None,
+        namespace: str | None = None,
+        service_account: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount"),
+    ) -> PodApi:
         """In-cluster configuration when running in a pod and no kubeconfig is given; else
         the kubeconfig (`kubeconfig`, $KUBECONFIG, ~/.kube/config) and its current context.
         The namespace: `namespace`, else the pod's own (in-cluster) or the context's, else
-        `default`. Raises ConfigError."""
+        `default`. `service_account`: where a pod's token, CA and namespace are mounted.
+        Raises ConfigError."""
         configuration = kube_client.Configuration()
         context_namespace: str | None = None
         try:
             if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-                kube_config.load_incluster_config(client_configuration=configuration)
-                if SERVICE_ACCOUNT_NAMESPACE.exists():
-                    context_namespace = SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or None
+                kube_config.load_incluster_config(
+                    client_configuration=configuration,
+                    token_filename=str(service_account / "token"),
+                    cert_filename=str(service_account / "ca.crt"),
+                )
+                if (service_account / "namespace").exists():
+                    context_namespace = (service_account / "namespace").read_text().strip() or None
             else:
                 path = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
                 if not any(Path(p).expanduser().exists() for p in path.split(os.pathsep)):

@@ -32,6 +32,7 @@ import copy
 import datetime
 import itertools
 import json
+import ssl
 import threading
 import uuid
 from collections.abc import Callable, Mapping
@@ -117,6 +118,7 @@ class FakeKubeApi:
         self._failures: list[tuple[int, str, str]] = []
         self.requests: list[Request] = []
         self._runner: web.AppRunner | None = None
+        self._ssl: ssl.SSLContext | None = None
         self.host = "127.0.0.1"
         self.port = 0
 
@@ -124,19 +126,33 @@ class FakeKubeApi:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self._ssl else 'http'}://{self.host}:{self.port}"
 
     @property
     def running(self) -> bool:
         return self._runner is not None
 
-    async def start(self, host: str = "127.0.0.1", port: int | None = None) -> str:
-        """Listen (again, on the same port after `stop` unless `port` says otherwise)."""
+    async def start(
+        self,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> str:
+        """Listen (again, on the same port and with the same TLS after `stop`, unless told
+        otherwise). With `ssl_context` it serves HTTPS, as every real API server does."""
+        if ssl_context is not None:
+            self._ssl = ssl_context
         app = web.Application()
         app.router.add_get("/api/v1/namespaces/{namespace}/pods", self._pods_handler)
         runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=0.5)
         await runner.setup()
-        site = web.TCPSite(runner, host, self.port if port is None else port, reuse_address=True)
+        site = web.TCPSite(
+            runner,
+            host,
+            self.port if port is None else port,
+            reuse_address=True,
+            ssl_context=self._ssl,
+        )
         try:
             await site.start()
         except BaseException:
@@ -562,16 +578,26 @@ class ThreadedFakeKubeApi:
             self._loop.close()
 
 
-def kubeconfig(server: str, *, token: str | None = None, namespace: str | None = None) -> str:
+def kubeconfig(
+    server: str,
+    *,
+    token: str | None = None,
+    namespace: str | None = None,
+    ca_pem: bytes | None = None,
+) -> str:
     """A kubeconfig (YAML text) whose current context is `server`, as `kubectl config` writes
-    it: clusters, users and contexts by name."""
+    it: clusters, users and contexts by name; `ca_pem` the CA that signed the server's
+    certificate (certificate-authority-data)."""
     context: dict[str, Any] = {"cluster": "fake", "user": "fleet"}
     if namespace is not None:
         context["namespace"] = namespace
+    cluster: dict[str, Any] = {"server": server}
+    if ca_pem is not None:
+        cluster["certificate-authority-data"] = base64.b64encode(ca_pem).decode()
     config = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "fake", "cluster": {"server": server}}],
+        "clusters": [{"name": "fake", "cluster": cluster}],
         "users": [{"name": "fleet", "user": {"token": token} if token else {}}],
         "contexts": [{"name": "fake", "context": context}],
         "current-context": "fake",

@@ -12,13 +12,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from switchyard.common.workers import WorkerSpec
-from switchyard.fleet.k8s.client import PodApi
 from switchyard.fleet.k8s.pods import PodProblem, PodRules, pod_key, worker_of
 from switchyard.fleet.k8s.selector import parse_selector
-from switchyard.fleet.k8s.watch import Backoff, PodLister, PodWatch
+from switchyard.fleet.k8s.types import PodLister
+from switchyard.fleet.k8s.watch import Backoff, PodWatch
+
+if TYPE_CHECKING:
+    from switchyard.fleet.k8s.client import PodApi
+
+# Where a pod's service account is mounted (token, ca.crt, namespace).
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +38,7 @@ class PodSource:
         *,
         namespace: str | None = None,
         kubeconfig: str | None = None,
+        service_account: Path = SERVICE_ACCOUNT,
         api: PodLister | None = None,
         watch_timeout_s: int = 300,
         backoff_base: float = 0.5,
@@ -44,8 +52,9 @@ class PodSource:
         self.rules = rules or PodRules()
         self._namespace = namespace
         self._kubeconfig = kubeconfig
+        self._service_account = service_account
         self._api = api
-        self._own_api = api is None
+        self._client: PodApi | None = None  # the API client this source made (and closes)
         self._watch_timeout_s = watch_timeout_s
         self._backoff = (backoff_base, backoff_cap)
         self._watches: list[PodWatch] = []
@@ -67,7 +76,14 @@ class PodSource:
         """Load the cluster configuration (ConfigError when there is none) and start watching.
         Returns at once: an unreachable API server is retried in the background."""
         if self._api is None:
-            self._api = await PodApi.connect(self._kubeconfig, self._namespace)
+            # Imported here: the client library takes a second or more to load, which no
+            # other service (nor a fleet without pods) should pay.
+            from switchyard.fleet.k8s.client import PodApi
+
+            self._client = await PodApi.connect(
+                self._kubeconfig, self._namespace, self._service_account
+            )
+            self._api = self._client
         api = self._api
         log.info(
             "watching pods on %s, namespace %s, selector(s) %s",
@@ -94,9 +110,9 @@ class PodSource:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
-        if self._own_api and isinstance(self._api, PodApi):
-            await self._api.close()
-            self._api = None
+        if self._client is not None:
+            await self._client.close()
+            self._client = self._api = None
 
     async def wait_changed(self) -> None:
         await self._changed.wait()

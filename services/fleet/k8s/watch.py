@@ -18,23 +18,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-from switchyard.fleet.k8s.client import KubeApiError, PodPage, ResourceGone
+from switchyard.fleet.k8s.errors import KubeApiError, ResourceGone
+from switchyard.fleet.k8s.types import PodLister
 
 log = logging.getLogger(__name__)
-
-
-class PodLister(Protocol):
-    where: str
-    namespace: str
-
-    async def list_pods(self, selector: str, limit: int, continue_token: str | None) -> PodPage: ...
-
-    def watch_pods(
-        self, selector: str, resource_version: str, timeout_s: int
-    ) -> AsyncGenerator[tuple[str, dict[str, Any]], None]: ...
 
 
 class Backoff:

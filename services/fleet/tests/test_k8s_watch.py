@@ -1,17 +1,21 @@
 """The pod watch against a test API server that speaks the real list/watch wire, through the
-real client library (kubernetes_asyncio, configured from a kubeconfig with a bearer token):
-pods appear, become Ready, lose readiness, get deleted; the watch breaks and resumes; the
-history expires (410 Gone, re-list); the API server is down for a while; bookmarks."""
+real client library (kubernetes_asyncio, configured from a kubeconfig with a bearer token and
+the CA of the server's TLS certificate, or as in a pod from a service account): pods appear,
+become Ready, lose readiness, get deleted; the watch breaks and resumes; the history expires
+(410 Gone, re-list); the API server is down for a while; bookmarks."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import ssl
 
 import pytest
+import trustme
 
-from switchyard.fleet.k8s.client import ConfigError, PodApi
+from switchyard.fleet.k8s.client import PodApi
+from switchyard.fleet.k8s.errors import ConfigError
 from switchyard.fleet.k8s.fake_api import FakeKubeApi, kubeconfig
 from switchyard.fleet.k8s.source import PodSource
 from switchyard.fleet.k8s.watch import PodWatch
@@ -20,13 +24,21 @@ TOKEN = "fleet-token"
 ENGINE = {"app": "engine"}
 
 
+@pytest.fixture(scope="module")
+def ca():
+    return trustme.CA()
+
+
 @pytest.fixture
-async def kube(tmp_path):
-    """A running test API server and a kubeconfig for it (context namespace `llm`)."""
+async def kube(tmp_path, ca):
+    """A running test API server (HTTPS, a certificate for 127.0.0.1 from `ca`) and a
+    kubeconfig for it (context namespace `llm`)."""
     api = FakeKubeApi(token=TOKEN)
-    await api.start()
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(tls)
+    await api.start(ssl_context=tls)
     path = tmp_path / "kubeconfig"
-    path.write_text(kubeconfig(api.url, token=TOKEN, namespace="llm"))
+    path.write_text(kubeconfig(api.url, token=TOKEN, namespace="llm", ca_pem=ca.cert_pem.bytes()))
     try:
         yield api, str(path)
     finally:
@@ -284,11 +296,12 @@ class TestOutages:
         errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
         assert any("403 Forbidden" in m and "cannot list" in m for m in errors)
 
-    async def test_a_wrong_token_never_lists(self, kube, tmp_path, until, caplog):
+    async def test_a_wrong_token_never_lists(self, kube, ca, tmp_path, until, caplog):
         api, _ = kube
         add(api, "a", 1)
         config = tmp_path / "wrong"
-        config.write_text(kubeconfig(api.url, token="not-it", namespace="llm"))
+        ca_pem = ca.cert_pem.bytes()
+        config.write_text(kubeconfig(api.url, token="not-it", namespace="llm", ca_pem=ca_pem))
         async with watching(str(config)) as source:
             await until(lambda: len(api.requests) >= 3, "retries")
             assert not source.synced and urls(source) == []
@@ -332,6 +345,40 @@ class TestProblems:
 
 
 class TestConfiguration:
+    async def test_in_a_pod_the_service_account_is_used(
+        self, kube, ca, tmp_path, monkeypatch, until
+    ):
+        api, _ = kube
+        add(api, "a", 1)
+        account = tmp_path / "serviceaccount"
+        account.mkdir()
+        (account / "token").write_text(TOKEN)
+        (account / "ca.crt").write_bytes(ca.cert_pem.bytes())
+        (account / "namespace").write_text("llm")
+        monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+        monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(api.port))
+        source = PodSource(["app=engine"], service_account=account, backoff_base=0.02)
+        await source.start()
+        try:
+            await until(lambda: urls(source) == [url(1)], "a, listed with the pod's token")
+        finally:
+            await source.close()
+        assert {r.path for r in api.requests} == {"/api/v1/namespaces/llm/pods"}
+
+    async def test_a_server_certificate_from_another_ca_is_refused(
+        self, kube, tmp_path, until, caplog
+    ):
+        api, _ = kube
+        add(api, "a", 1)
+        config = tmp_path / "other-ca"
+        other = trustme.CA().cert_pem.bytes()
+        config.write_text(kubeconfig(api.url, token=TOKEN, namespace="llm", ca_pem=other))
+        async with watching(str(config)) as source:
+            await until(
+                lambda: "CERTIFICATE_VERIFY_FAILED" in caplog.text, "the verification failure"
+            )
+            assert not source.synced and api.requests == []
+
     async def test_no_kubeconfig_fails_at_start(self, tmp_path, monkeypatch):
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
         source = PodSource(["app=engine"], kubeconfig=str(tmp_path / "missing"))
