@@ -19,7 +19,7 @@ import openai
 from e2e_stack import Processes, free_port, wait_until
 
 from switchyard.common.instance_id import instance_id
-from switchyard.fleet.k8s.fake_api import ThreadedFakeKubeApi, kubeconfig
+from switchyard.fleet.k8s.fake_harness import ThreadedFakeKubeApi, kubeconfig
 
 MODEL = "deepseek-mock"
 NAMESPACE = "llm"

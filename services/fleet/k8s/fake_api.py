@@ -20,8 +20,8 @@ What it keeps of the real semantics (k8s.io/apiserver's watch cache):
 
 Faults: `stop()`/`start()` (an outage: connections refused), `break_watches()` (streams cut
 mid-chunk), `compact()` (old resourceVersions expire), `fail_next()` (5xx/4xx answers).
-State changes are plain methods, called on the server's event loop; `ThreadedFakeKubeApi`
-runs one in a thread for tests that are not async.
+State changes are plain methods, called on the server's event loop; `fake_harness` runs one
+in a thread for tests that are not async and writes kubeconfigs for it.
 """
 
 from __future__ import annotations
@@ -29,11 +29,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
-import datetime
-import itertools
 import json
 import ssl
-import threading
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -41,6 +38,7 @@ from typing import Any
 
 from aiohttp import web
 
+from switchyard.fleet.k8s import fake_wire as wire
 from switchyard.fleet.k8s.selector import Selector, parse_selector
 
 Pod = dict[str, Any]
@@ -72,28 +70,7 @@ class Request:
 
     @property
     def watch(self) -> bool:
-        return _parse_bool(self.query.get("watch", "false"))
-
-
-def _status(code: int, reason: str, message: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": extra.pop("metadata", {}),
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        **extra,
-        "code": code,
-    }
-
-
-def _labels(pod: Pod | None) -> dict[str, str]:
-    return ((pod or {}).get("metadata") or {}).get("labels") or {}
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return wire.parse_bool(self.query.get("watch", "false"))
 
 
 class FakeKubeApi:
@@ -201,7 +178,7 @@ class FakeKubeApi:
                 "name": name,
                 "namespace": namespace,
                 "uid": str(uuid.uuid4()),
-                "creationTimestamp": _now(),
+                "creationTimestamp": wire.now(),
                 "labels": dict(labels or {}),
                 "annotations": dict(annotations or {}),
             },
@@ -241,7 +218,7 @@ class FakeKubeApi:
         meta, status = pod["metadata"], pod["status"]
         ip = self._ips[(meta["namespace"], meta["name"])]
         value = "True" if ready else "False"
-        now = _now()
+        now = wire.now()
         status.update(
             phase="Running",
             hostIP="10.0.0.1",
@@ -271,7 +248,7 @@ class FakeKubeApi:
         if graceful:
 
             def terminating(pod: Pod) -> None:
-                pod["metadata"]["deletionTimestamp"] = _now()
+                pod["metadata"]["deletionTimestamp"] = wire.now()
                 pod["metadata"]["deletionGracePeriodSeconds"] = 30
 
             self.update_pod(name, terminating, namespace)
@@ -336,23 +313,23 @@ class FakeKubeApi:
         self.requests.append(Request(request.path, query))
         if self.token is not None:
             if request.headers.get("Authorization") != f"Bearer {self.token}":
-                return _json(401, _status(401, "Unauthorized", "Unauthorized"))
+                return wire.fail(401, "Unauthorized", "Unauthorized")
         if self._failures:
             code, reason, message = self._failures.pop(0)
-            return _json(code, _status(code, reason, message))
-        unsupported = sorted(set(query) - _KNOWN_PARAMS)
+            return wire.fail(code, reason, message)
+        unsupported = sorted(set(query) - wire.KNOWN_PARAMS)
         if unsupported:  # honest about what this server does not implement
             message = f"this test server does not support {', '.join(unsupported)}"
-            return _json(400, _status(400, "BadRequest", message))
+            return wire.fail(400, "BadRequest", message)
         try:
             selector = parse_selector(query.get("labelSelector", ""))
         except ValueError as exc:
-            return _json(400, _status(400, "BadRequest", f"unable to parse requirement: {exc}"))
+            return wire.fail(400, "BadRequest", f"unable to parse requirement: {exc}")
         try:
-            watch = _parse_bool(query.get("watch", "false"))
-            bookmarks = _parse_bool(query.get("allowWatchBookmarks", "false"))
+            watch = wire.parse_bool(query.get("watch", "false"))
+            bookmarks = wire.parse_bool(query.get("allowWatchBookmarks", "false"))
         except ValueError as exc:
-            return _json(400, _status(400, "BadRequest", str(exc)))
+            return wire.fail(400, "BadRequest", str(exc))
         namespace = request.match_info["namespace"]
         if watch:
             return await self._watch(request, namespace, selector, query, bookmarks)
@@ -365,14 +342,14 @@ class FakeKubeApi:
                 state = json.loads(base64.urlsafe_b64decode(token.encode()))
                 version, start = int(state["rv"]), str(state["start"])
             except (ValueError, KeyError, TypeError):
-                return _json(400, _status(400, "BadRequest", "continue key is not valid"))
+                return wire.fail(400, "BadRequest", "continue key is not valid")
             if version not in self._snapshots:
                 message = (
                     "The provided continue parameter is too old to display a consistent list "
                     "result. You can start a new list without the continue parameter."
                 )
-                return _json(410, _status(410, "Expired", message))
-            pods = [p for p in self._snapshots[version] if _key(p) > start]
+                return wire.fail(410, "Expired", message)
+            pods = [p for p in self._snapshots[version] if wire.key(p) > start]
         else:
             problem = self._check_list_version(query)
             if problem is not None:
@@ -380,34 +357,34 @@ class FakeKubeApi:
             version = self._version
             pods = sorted(
                 (p for p in self._pods.values() if p["metadata"]["namespace"] == namespace),
-                key=_key,
+                key=wire.key,
             )
-            pods = [p for p in pods if selector.matches(_labels(p))]
+            pods = [p for p in pods if selector.matches(wire.labels(p))]
         limit = int(query.get("limit") or 0)
         metadata: dict[str, Any] = {"resourceVersion": str(version)}
         if 0 < limit < len(pods):
             page = pods[:limit]
             if not token:
                 self._snapshots[version] = copy.deepcopy(pods)
-            state = {"rv": version, "start": _key(page[-1])}
+            state = {"rv": version, "start": wire.key(page[-1])}
             metadata["continue"] = base64.urlsafe_b64encode(json.dumps(state).encode()).decode()
             metadata["remainingItemCount"] = len(pods) - limit
             pods = page
         items = [{k: v for k, v in p.items() if k not in ("kind", "apiVersion")} for p in pods]
         body = {"kind": "PodList", "apiVersion": "v1", "metadata": metadata, "items": items}
-        return _json(200, body)
+        return wire.json_reply(200, body)
 
     def _check_list_version(self, query: Mapping[str, str]) -> web.Response | None:
         wanted = query.get("resourceVersion", "")
         if wanted in ("", "0"):
             return None
         if not wanted.isdigit():
-            return _json(400, _status(400, "BadRequest", f"invalid resource version {wanted!r}"))
+            return wire.fail(400, "BadRequest", f"invalid resource version {wanted!r}")
         if query.get("resourceVersionMatch") == "Exact" and int(wanted) != self._version:
-            return _json(410, _status(410, "Expired", f"too old resource version: {wanted}"))
+            return wire.fail(410, "Expired", f"too old resource version: {wanted}")
         if int(wanted) > self._version:
             message = f"Too large resource version: {wanted}, current: {self._version}"
-            return _json(504, _status(504, "Timeout", message, details={"retryAfterSeconds": 1}))
+            return wire.fail(504, "Timeout", message, details={"retryAfterSeconds": 1})
         return None
 
     async def _watch(
@@ -420,20 +397,20 @@ class FakeKubeApi:
     ) -> web.StreamResponse:
         wanted = query.get("resourceVersion", "")
         if wanted and wanted != "0" and not wanted.isdigit():
-            return _json(400, _status(400, "BadRequest", f"invalid resource version {wanted!r}"))
+            return wire.fail(400, "BadRequest", f"invalid resource version {wanted!r}")
         gone = bool(wanted) and wanted != "0" and int(wanted) < self._compacted
         message = f"too old resource version: {wanted} ({self._version})"
         if gone and self.gone_as_http:
-            return _json(410, _status(410, "Expired", message))
+            return wire.fail(410, "Expired", message)
         watcher = _Watcher(namespace, selector, bookmarks, request=request)
         # Backlog and registration without an await in between: no write falls in the gap.
         if gone:
-            backlog = [{"type": "ERROR", "object": _status(410, "Expired", message)}]
+            backlog = [{"type": "ERROR", "object": wire.status(410, "Expired", message)}]
         elif wanted in ("", "0"):
             backlog = [
                 {"type": "ADDED", "object": copy.deepcopy(p)}
-                for p in sorted(self._pods.values(), key=_key)
-                if p["metadata"]["namespace"] == namespace and selector.matches(_labels(p))
+                for p in sorted(self._pods.values(), key=wire.key)
+                if p["metadata"]["namespace"] == namespace and selector.matches(wire.labels(p))
             ]
         else:
             backlog = [
@@ -448,7 +425,7 @@ class FakeKubeApi:
         try:
             await response.prepare(request)
             for out in backlog:
-                await response.write(_line(out))
+                await response.write(wire.line(out))
             if gone:
                 await response.write_eof()
                 return response
@@ -484,14 +461,14 @@ class FakeKubeApi:
                 out = self._bookmark()
             if out is None:  # cut by break_watches
                 return
-            await response.write(_line(out))
+            await response.write(wire.line(out))
 
     def _convert(self, event: _Event, watcher: _Watcher) -> dict[str, Any] | None:
         """The cacher's per-watcher view of one write."""
         if event.pod["metadata"]["namespace"] != watcher.namespace:
             return None
-        now = event.kind != "DELETED" and watcher.selector.matches(_labels(event.pod))
-        before = event.prev is not None and watcher.selector.matches(_labels(event.prev))
+        now = event.kind != "DELETED" and watcher.selector.matches(wire.labels(event.pod))
+        before = event.prev is not None and watcher.selector.matches(wire.labels(event.prev))
         if now:
             return {"type": "MODIFIED" if before else "ADDED", "object": copy.deepcopy(event.pod)}
         if before:
@@ -511,95 +488,3 @@ class FakeKubeApi:
             "status": {},
         }
         return {"type": "BOOKMARK", "object": pod}
-
-
-_KNOWN_PARAMS = {
-    "labelSelector",
-    "limit",
-    "continue",
-    "resourceVersion",
-    "resourceVersionMatch",
-    "watch",
-    "allowWatchBookmarks",
-    "timeoutSeconds",
-}
-
-
-def _parse_bool(text: str) -> bool:
-    """Query booleans as the API server reads them (Go's strconv.ParseBool)."""
-    if text in ("1", "t", "T", "TRUE", "true", "True"):
-        return True
-    if text in ("0", "f", "F", "FALSE", "false", "False"):
-        return False
-    raise ValueError(f"invalid boolean value {text!r}")
-
-
-def _key(pod: Pod) -> str:
-    return f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
-
-
-def _line(event: dict[str, Any]) -> bytes:
-    return json.dumps(event, separators=(",", ":")).encode() + b"\n"
-
-
-def _json(code: int, body: dict[str, Any]) -> web.Response:
-    return web.Response(
-        status=code, body=json.dumps(body).encode(), content_type="application/json"
-    )
-
-
-class ThreadedFakeKubeApi:
-    """A FakeKubeApi on its own event loop in a thread; `call(fn, *args)` runs a method there
-    (awaiting it when it is a coroutine) and returns its result."""
-
-    _names = itertools.count()
-
-    def __init__(self, **kwargs: Any) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name=f"fake-kube-api-{next(self._names)}", daemon=True
-        )
-        self._thread.start()
-        self.api: FakeKubeApi = self.call(lambda: FakeKubeApi(**kwargs))
-
-    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        async def run() -> Any:
-            result = fn(*args, **kwargs)
-            return await result if asyncio.iscoroutine(result) else result
-
-        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout=30)
-
-    def close(self) -> None:
-        try:
-            self.call(self.api.stop)
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
-            self._loop.close()
-
-
-def kubeconfig(
-    server: str,
-    *,
-    token: str | None = None,
-    namespace: str | None = None,
-    ca_pem: bytes | None = None,
-) -> str:
-    """A kubeconfig (YAML text) whose current context is `server`, as `kubectl config` writes
-    it: clusters, users and contexts by name; `ca_pem` the CA that signed the server's
-    certificate (certificate-authority-data)."""
-    context: dict[str, Any] = {"cluster": "fake", "user": "fleet"}
-    if namespace is not None:
-        context["namespace"] = namespace
-    cluster: dict[str, Any] = {"server": server}
-    if ca_pem is not None:
-        cluster["certificate-authority-data"] = base64.b64encode(ca_pem).decode()
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "fake", "cluster": cluster}],
-        "users": [{"name": "fleet", "user": {"token": token} if token else {}}],
-        "contexts": [{"name": "fake", "context": context}],
-        "current-context": "fake",
-    }
-    return json.dumps(config, indent=2)  # JSON is YAML

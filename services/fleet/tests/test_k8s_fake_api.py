@@ -9,7 +9,8 @@ import json
 import aiohttp
 import pytest
 
-from switchyard.fleet.k8s.fake_api import FakeKubeApi, ThreadedFakeKubeApi
+from switchyard.fleet.k8s.fake_api import FakeKubeApi
+from switchyard.fleet.k8s.fake_harness import ThreadedFakeKubeApi
 
 PODS = "/api/v1/namespaces/default/pods"
 
