@@ -3,16 +3,41 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Every dependency, transitive ones and the build backend included, pinned with hashes by
+# `make lock` from pyproject.toml: the runtime set (the Dockerfile installs it) and the
+# development set (runtime + dev + bench extras, the same pins; `make install` installs it).
+LOCK := requirements.lock
+DEV_LOCK := requirements-dev.lock
+# The lock tool lives in its own small venv, so `make lock` works before .venv exists (and
+# while it is stale: .venv is built from the lock, not the other way round).
+UV_VERSION := 0.13.8
+TOOLS := .venv-tools
+UV := $(TOOLS)/bin/uv
+UV_COMPILE := $(UV) pip compile pyproject.toml - --quiet --universal --python-version 3.11 \
+	--generate-hashes --system-certs --custom-compile-command "make lock"
+# [build-system].requires, fed to uv on stdin: the Dockerfile and the editable install build
+# the project without build isolation, so the backend comes from the lock too.
+BUILD_REQUIRES := $(PY) -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))'
 
-.PHONY: install run test unit e2e lint bench clean
+.PHONY: install run test unit e2e lint bench clean lock compose-test base-image
 
-$(STAMP): pyproject.toml
+$(STAMP): $(DEV_LOCK) pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --require-hashes -r $(DEV_LOCK)
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 install: $(STAMP)
+
+$(UV):
+	$(PY) -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install --quiet uv==$(UV_VERSION)
+
+# Regenerate both lock files from pyproject.toml. Pins already in the files are kept where
+# pyproject still allows them; `make lock LOCK_FLAGS=--upgrade` moves everything to the newest.
+lock: $(UV)
+	$(BUILD_REQUIRES) | $(UV_COMPILE) $(LOCK_FLAGS) -o $(LOCK)
+	$(BUILD_REQUIRES) | $(UV_COMPILE) $(LOCK_FLAGS) --extra dev --extra bench -c $(LOCK) -o $(DEV_LOCK)
 
 run: $(STAMP)
 	$(BIN)/switchyard up --mock-engines sglang,vllm --http-port 8000
@@ -28,13 +53,21 @@ e2e: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/mypy libs/common services/router services/dispatcher protos
+	$(BIN)/mypy libs/common services/router services/dispatcher services/fleet protos
+
+# The compose stack on a real Docker engine (installs docker.io from Debian's packages and the
+# compose v2 plugin from the dev lock when missing; needs root). See deploy/README.md.
+compose-test: $(STAMP)
+	$(BIN)/python deploy/compose_test.py
+
+# A base image made from Debian packages (debootstrap), for sites with no registry access.
+base-image:
+	deploy/build-base-image.sh
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(TOOLS) build *.egg-info
 
 bench: $(STAMP)
-	$(BIN)/pip install --quiet -e ".[dev,bench]"
 	$(BIN)/python bench/baseline.py
 	$(BIN)/python bench/kv_routing.py
 	$(BIN)/python bench/kv_ingest.py

@@ -6,16 +6,17 @@ A worker comes from a `--worker` flag or a workers file entry:
     grpc://h:30000?kv_events=tcp://h:5557&kv_replay=tcp://h:5558&role=prefill
 
 A workers file is YAML (`.yaml`/`.yml`) or JSON (`.json`) holding a list whose items are such
-strings or mappings `{url, kv_events, kv_replay, role}` (only `url` required). `role` is
-`prefill` or `decode`; only `prefill` changes anything (see fleet's role resolution). Anything
-else fails loudly: a ValueError that names the entry.
+strings or mappings `{url, kv_events, kv_replay, role, model}` (only `url` required). `role`
+is `prefill` or `decode`; only `prefill` changes anything (see fleet's role resolution).
+`model` overrides the model id the engine reports. Anything else fails loudly: a ValueError
+that names the entry.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import parse_qsl
 
@@ -24,7 +25,7 @@ import yaml
 from switchyard.common.instance_id import instance_id as _instance_id
 from switchyard.common.instance_id import normalize_url
 
-OPTIONS = ("kv_events", "kv_replay", "role")
+OPTIONS = ("kv_events", "kv_replay", "role", "model")
 ROLES = ("prefill", "decode")
 _ENDPOINT_SCHEMES = ("tcp", "ipc", "inproc")
 _YAML_SUFFIXES = (".yaml", ".yml")
@@ -40,6 +41,7 @@ class WorkerSpec:
     kv_events: str | None = None  # overrides the endpoint the engine advertises
     kv_replay: str | None = None
     prefill: bool = False  # listed as prefill by the operator
+    model: str | None = None  # overrides the engine's served model name
     instance_id: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -50,6 +52,8 @@ class WorkerSpec:
             value = getattr(self, name)
             if value is not None:
                 _endpoint(name, value)
+        if self.model is not None and (not isinstance(self.model, str) or not self.model.strip()):
+            raise ValueError(f"model must be a non-empty string, got {self.model!r}")
 
 
 def _endpoint(name: str, value: object) -> str:
@@ -70,11 +74,15 @@ def _spec(url: object, options: Mapping[str, object]) -> WorkerSpec:
     if role is not None and role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
     kv_events, kv_replay = options.get("kv_events"), options.get("kv_replay")
+    model = options.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ValueError(f"model must be a string, got {model!r}")
     return WorkerSpec(
         url,
         kv_events=None if kv_events is None else _endpoint("kv_events", kv_events),
         kv_replay=None if kv_replay is None else _endpoint("kv_replay", kv_replay),
         prefill=role == "prefill",
+        model=model,
     )
 
 
@@ -173,7 +181,7 @@ def combine_workers(
     for group in groups:
         for spec in group:
             if spec.instance_id in prefill_ids and not spec.prefill:
-                spec = WorkerSpec(spec.url, spec.kv_events, spec.kv_replay, prefill=True)
+                spec = replace(spec, prefill=True)
             seen = by_id.setdefault(spec.instance_id, spec)
             if seen != spec:
                 raise ValueError(f"worker {spec.url} listed twice with different options")

@@ -16,6 +16,7 @@ from switchyard.common.logs import setup_logging
 from switchyard.common.metrics import add_metrics_arguments, serve_metrics
 from switchyard.common.ports import add_port_arguments, write_ready_file
 from switchyard.common.workers import WorkerSpec, parse_worker
+from switchyard.fleet.k8s import cli as k8s_cli
 from switchyard.fleet.service import FleetService
 from switchyard.fleet.source import WorkerSource
 
@@ -91,6 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="give up on a probe after this long (default 2)",
     )
+    k8s_cli.add_arguments(parser)
     add_metrics_arguments(parser)
     add_port_arguments(parser)
     parser.add_argument(
@@ -100,13 +102,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging("fleet", args.log_level)
-    if not args.worker and args.workers_file is None:
-        log.error("give at least one --worker or a --workers-file")
+    if not args.worker and args.workers_file is None and not args.k8s_selector:
+        log.error("give at least one --worker, a --workers-file or a --k8s-selector")
         return 2
     return uvloop.run(_serve(args))
 
 
 async def _serve(args: argparse.Namespace) -> int:
+    try:
+        pods = k8s_cli.pod_source(args)
+    except ValueError as exc:
+        log.error("fleet cannot start: %s", exc)
+        return 2
     service = FleetService(
         WorkerSource(args.worker, args.workers_file, args.prefill),
         control=args.control,
@@ -115,6 +122,7 @@ async def _serve(args: argparse.Namespace) -> int:
         readmit_after=args.readmit_after,
         probe_timeout=args.probe_timeout,
         ports=args.port_range,
+        pods=pods,
     )
     try:
         await service.start()

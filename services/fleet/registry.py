@@ -48,7 +48,7 @@ def build_instance(spec: WorkerSpec, info: EngineInfo, any_listed_prefill: bool)
         instance_id=spec.instance_id,
         url=spec.url,
         protocol=info.protocol,
-        model=info.model,
+        model=spec.model or info.model,
         context_length=info.context_length,
         block_size=info.block_size,
         role=resolve_role(info.role, spec.prefill, any_listed_prefill),

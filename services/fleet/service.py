@@ -6,7 +6,8 @@
 Three tasks share one Registry: the control loop (answers requests, applies down reports at
 once), the probe loop (re-probes every configured worker concurrently each probe interval,
 sooner when workers were added) and the file watch loop (polls the workers file every
-second). Every change goes through `_publish`, which diffs the routable list against the
+second); with a Kubernetes pod source, a fourth applies each change of the Ready pods. Every
+change goes through `_publish`, which diffs the routable list against the
 last published one. Versions start at the startup time in microseconds, so a restarted
 fleet continues above its predecessor and consumers see a gap, not stale versions.
 
@@ -33,6 +34,7 @@ from switchyard.common.errors import EngineError
 from switchyard.common.instance_diff import diff_instances, index_instances
 from switchyard.common.ports import PortRange, zmq_bind
 from switchyard.common.workers import WorkerSpec
+from switchyard.fleet.k8s.source import PodSource, merge_workers
 from switchyard.fleet.metrics import FleetMetrics
 from switchyard.fleet.prober import Prober
 from switchyard.fleet.registry import Registry
@@ -55,6 +57,9 @@ log = logging.getLogger(__name__)
 STARTUP_GRACE_S = 30.0  # an engine never seen up: its refusals are logged at INFO this long
 
 
+POD_LIST_WAIT_S = 30.0
+
+
 class FleetService:
     def __init__(
         self,
@@ -71,9 +76,12 @@ class FleetService:
         context: zmq.asyncio.Context | None = None,
         initial_version: int | None = None,
         ports: PortRange | None = None,
+        pods: PodSource | None = None,
     ) -> None:
         self._source = source
         self._ports = ports  # where a port 0 in `control` / `events` is searched
+        self._pods = pods
+        self._listed: list[WorkerSpec] = []  # from flags and the workers file
         self._control_endpoint = control
         self._events_endpoint = events
         self._probe_interval = probe_interval
@@ -98,6 +106,7 @@ class FleetService:
         self._answered: set[int] = set()
         self._wake = asyncio.Event()
         self._probed = False  # the first probe round is done
+        self._started_at = time.monotonic()
         self._held: list[list[bytes]] = []  # snapshot requests' envelopes, until then
         self._router: zmq.asyncio.Socket | None = None
         self._pub: zmq.asyncio.Socket | None = None
@@ -123,7 +132,10 @@ class FleetService:
 
     async def start(self) -> None:
         """Load the worker list (ValueError/OSError: bad config), bind, start the loops."""
-        specs = self._source.load()
+        self._listed = self._source.load()
+        if self._pods is not None:
+            await self._pods.start()  # ConfigError (a ValueError): no cluster configuration
+        specs = self._specs()
         self._registry.configure(specs)
         log.info(
             "fleet starting: %d worker(s), control %s, events %s",
@@ -149,6 +161,8 @@ class FleetService:
         ]
         if self._source.file is not None:
             self._tasks.append(asyncio.create_task(self._watch_loop(), name="fleet-watch"))
+        if self._pods is not None:
+            self._tasks.append(asyncio.create_task(self._pods_loop(), name="fleet-pods"))
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -159,6 +173,8 @@ class FleetService:
             if sock is not None:
                 sock.close(linger=0)
         self._router = self._pub = None
+        if self._pods is not None:
+            await self._pods.close()
         await self._prober.close()
         if self._own_context and self._context is not None:
             self._context.term()
@@ -233,7 +249,7 @@ class FleetService:
                 await self._probe_all()
             except Exception:
                 log.exception("probe cycle failed")
-            if not self._probed:
+            if not self._probed and self._pods_listed():
                 await self._first_round_done()
             interval = self._probe_interval
             if self._registry.recovering() or self._failing:
@@ -304,14 +320,41 @@ class FleetService:
             try:
                 specs = await asyncio.to_thread(self._source.poll)
                 if specs is not None:
-                    await self._configure(specs)
+                    self._listed = specs
+                    await self._configure(self._specs(), "workers file")
             except Exception:
                 log.exception("workers file check failed")
 
-    async def _configure(self, specs: list[WorkerSpec]) -> None:
+    def _pods_listed(self) -> bool:
+        """The first round counts once every pod selector was listed (a fleet restarted on
+        Kubernetes must not publish its flag-only set); an API server that does not answer
+        holds it back POD_LIST_WAIT_S at most."""
+        if self._pods is None or self._pods.synced:
+            return True
+        return time.monotonic() - self._started_at > POD_LIST_WAIT_S
+
+    async def _pods_loop(self) -> None:
+        assert self._pods is not None
+        while True:
+            await self._pods.wait_changed()
+            try:
+                await self._configure(self._specs(), "Ready pods")
+            except Exception:
+                log.exception("applying the pod list failed")
+
+    def _specs(self) -> list[WorkerSpec]:
+        if self._pods is None:
+            return self._listed
+        return merge_workers(self._listed, self._pods.workers())
+
+    async def _configure(self, specs: list[WorkerSpec], what: str) -> None:
+        before = self._registry.specs
         added, removed = self._registry.configure(specs)
+        if before == self._registry.specs:
+            return
         log.info(
-            "workers file changed: %d worker(s), %d added, %d removed",
+            "%s changed: %d worker(s), %d added, %d removed",
+            what,
             len(specs),
             len(added),
             len(removed),

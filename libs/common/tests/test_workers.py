@@ -8,6 +8,7 @@ from switchyard.common.workers import (
     combine_workers,
     load_workers_file,
     parse_worker,
+    parse_worker_entry,
     parse_workers_text,
 )
 
@@ -35,6 +36,10 @@ class TestParseWorker:
     def test_decode_role_is_not_prefill(self):
         assert not parse_worker("grpc://h:1?role=decode").prefill
 
+    def test_model_option(self):
+        assert parse_worker("grpc://h:1?model=org/llama-3").model == "org/llama-3"
+        assert parse_worker_entry({"url": "grpc://h:1", "model": "m"}).model == "m"
+
     @pytest.mark.parametrize(
         ("text", "match"),
         [
@@ -45,6 +50,7 @@ class TestParseWorker:
             ("grpc://h:1?kv_events=udp://h:5557", "scheme must be one of"),
             ("grpc://h:1?role=prefill&role=decode", "given twice"),
             ("grpc://h:1?kv_events=", "kv_events"),
+            ("grpc://h:1?model=", "model must be a non-empty string"),
         ],
     )
     def test_bad(self, text, match):
@@ -113,6 +119,11 @@ class TestCombine:
             WorkerSpec("grpc://b:2", prefill=True),
             WorkerSpec("grpc://c:3"),
         ]
+
+    def test_prefill_flag_keeps_the_other_options(self):
+        spec = WorkerSpec("grpc://a:1", "tcp://a:5", model="m")
+        (combined,) = combine_workers([[spec]], prefill=["grpc://a:1"])
+        assert combined == WorkerSpec("grpc://a:1", "tcp://a:5", prefill=True, model="m")
 
     def test_conflicting_duplicate_fails(self):
         with pytest.raises(ValueError, match="grpc://a:1 listed twice"):

@@ -40,6 +40,11 @@ class TestBuildInstance:
         )
         assert instance.instance_id == spec.instance_id and instance.url == spec.url
 
+    def test_spec_model_overrides_the_served_name(self):
+        assert build_instance(A, info(model="engine-name"), False).model == "engine-name"
+        renamed = WorkerSpec(A.url, model="org/served")
+        assert build_instance(renamed, info(model="engine-name"), False).model == "org/served"
+
     def test_engine_wildcard_endpoint_gets_engine_host(self):
         instance = build_instance(A, info(kv_events_endpoint="tcp://*:5557"), False)
         assert instance.kv_events_endpoint == "tcp://10.0.0.1:5557"

@@ -1,0 +1,7 @@
+"""Kubernetes pod discovery for fleet: the pods that label selectors pick become workers.
+
+Layout: `selector` (label selectors), `pods` (a pod to a WorkerSpec), `types` and `errors`
+(the contract), `client` (the API over kubernetes_asyncio, loaded only when used), `watch`
+(list + watch per selector), `source` (the merged worker list), `cli` (the --k8s flags);
+`fake_api` (+ `fake_wire`, `fake_harness`) is a test API server that speaks the real wire.
+"""
