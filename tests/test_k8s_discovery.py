@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import openai
-from e2e_stack import Processes, free_port, wait_until
+from e2e_stack import Processes, wait_until
 
 from switchyard.common.instance_id import instance_id
 from switchyard.fleet.k8s.fake_harness import ThreadedFakeKubeApi, kubeconfig
@@ -26,12 +26,38 @@ NAMESPACE = "llm"
 TOKEN = "fleet-sa-token"
 
 
+def argv() -> list[str]:
+    """A mock engine binding its own ports (port 0), reported in its ready file."""
+    return [
+        "mock-engine",
+        "--protocol",
+        "vllm",
+        "--port",
+        "0",
+        "--itl-ms",
+        "10",
+        "--kv-events-endpoint",
+        "tcp://127.0.0.1:0",
+        "--kv-replay-endpoint",
+        "tcp://127.0.0.1:0",
+    ]
+
+
+def port_of(endpoint: str) -> int:
+    return int(endpoint.rsplit(":", 1)[1])
+
+
 @dataclass
 class Engine:
     name: str
     port: int
     pub: int
     replay: int
+
+    @classmethod
+    def started(cls, procs: Processes, name: str) -> Engine:
+        bound = procs.serve(f"engine-{name}", *argv())
+        return cls(name, bound["port"], port_of(bound["kv_events"]), port_of(bound["kv_replay"]))
 
     @property
     def url(self) -> str:
@@ -40,21 +66,6 @@ class Engine:
     @property
     def instance_id(self) -> int:
         return instance_id(self.url)
-
-    def argv(self) -> list[str]:
-        return [
-            "mock-engine",
-            "--protocol",
-            "vllm",
-            "--port",
-            str(self.port),
-            "--itl-ms",
-            "10",
-            "--kv-events-endpoint",
-            f"tcp://127.0.0.1:{self.pub}",
-            "--kv-replay-endpoint",
-            f"tcp://127.0.0.1:{self.replay}",
-        ]
 
     def pod(self, kube: ThreadedFakeKubeApi) -> None:
         """The engine's pod, Pending: the KV-event ports come from its annotations."""
@@ -138,23 +149,16 @@ def test_pods_joining_and_leaving_mid_run(tmp_path: Path):
         kube.call(kube.api.start)
         config = tmp_path / "kubeconfig"
         config.write_text(kubeconfig(kube.api.url, token=TOKEN, namespace=NAMESPACE))
-        a, b = (Engine(name, free_port(), free_port(), free_port()) for name in ("a", "b"))
-        control, events = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
-        fleet_flags = ["--fleet-control", control, "--fleet-events", events]
-        router, dispatcher = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
-        http = free_port()
-        base = f"http://127.0.0.1:{http}"
         with Processes() as procs:
-            procs.start("engine-a", *a.argv())
-            procs.start("engine-b", *b.argv())
+            a, b = (Engine.started(procs, name) for name in ("a", "b"))
             # Only fleet knows about Kubernetes: the other services are started as always.
-            procs.start(
+            fleet = procs.serve(
                 "fleet",
                 "fleet",
                 "--control",
-                control,
+                "tcp://127.0.0.1:0",
                 "--events",
-                events,
+                "tcp://127.0.0.1:0",
                 "--probe-interval",
                 "0.5",
                 "--kubeconfig",
@@ -162,19 +166,23 @@ def test_pods_joining_and_leaving_mid_run(tmp_path: Path):
                 "--k8s-selector",
                 "app.kubernetes.io/name=engine,pool in (main)",
             )
-            procs.start("router", "router", "--bind", router, *fleet_flags)
-            procs.start("dispatcher", "dispatcher", "--bind", dispatcher, *fleet_flags)
-            procs.start(
+            fleet_flags = ["--fleet-control", fleet["control"], "--fleet-events", fleet["events"]]
+            router = procs.serve("router", "router", "--bind", "tcp://127.0.0.1:0", *fleet_flags)
+            dispatcher = procs.serve(
+                "dispatcher", "dispatcher", "--bind", "tcp://127.0.0.1:0", *fleet_flags
+            )
+            pre = procs.serve(
                 "preprocessor",
                 "preprocessor",
                 "--port",
-                str(http),
+                "0",
                 "--router",
-                router,
+                router["bind"],
                 "--dispatcher",
-                dispatcher,
+                dispatcher["bind"],
                 *fleet_flags,
             )
+            base = f"http://127.0.0.1:{pre['port']}"
             try:
                 a.pod(kube)
                 kube.call(kube.api.set_ready, "a", True, namespace=NAMESPACE)

@@ -87,7 +87,7 @@ async def _debug_route(state: PreprocessorState, body: bytes) -> Response:
         ctx = parse(state.deps, endpoint, body, 0.0)
         await run_stages(ctx, PROMPT_STAGES[endpoint])
         model = ctx.inp.request.model
-        prompt_ids = ctx.state.prompt_ids
+        prompt_ids = ctx.state.prompt_ids[0]
         reply = await state.router.route(
             RouteRequest(
                 request_id=f"route-{ctx.inp.request_id}",

@@ -245,7 +245,12 @@ def guess_reasoning_parser(config: Mapping[str, Any], template: str) -> str | No
     model_type = str(config.get("model_type") or "")
     if "<|im_middle|>" in template or model_type == "kimi_k2":
         return "kimi_k2"
-    if "<｜Assistant｜>" in template or model_type.startswith("deepseek"):
+    # The template's own markup first (a DeepSeek-architecture model with a ChatML template
+    # thinks the way that template says), then config.json.
+    deepseek = "<｜Assistant｜>" in template
+    if not deepseek and "<|im_start|>" not in template:
+        deepseek = model_type.startswith("deepseek")
+    if deepseek:
         # V3.1's template takes a `thinking` switch and opens or closes the block itself.
         return "deepseek_v31" if _THINKING_SWITCH.search(template) else "deepseek_r1"
     return "qwen3"

@@ -224,3 +224,15 @@ class TestScan:
         assert match_header('{"arguments": {}, "name": "x"}') is False
         assert match_header('{"names": 1}') is False
         assert match_header("[1]") is False
+
+
+def test_a_chatml_template_thinks_like_qwen3_whatever_config_json_says() -> None:
+    """Regression test: a Qwen3-format template served with a DeepSeek config.json (as the mock
+    engine serves its bundle) was guessed as DeepSeek-R1, which reads every output as
+    reasoning."""
+    from pathlib import Path
+
+    from switchyard.preprocessor.parsers.registry import guess_reasoning_parser
+
+    template = (Path(__file__).parent / "templates" / "qwen3.jinja").read_text()
+    assert guess_reasoning_parser({"model_type": "deepseek_v3"}, template) == "qwen3"
