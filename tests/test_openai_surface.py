@@ -96,6 +96,7 @@ MODEL_TYPES = {
 # families that always reason first are not asked for required / named tool calls here.
 CONSTRAINED = [m for m, (_, _, reasoning) in FAMILIES.items() if not reasoning]
 THINKING = "Counting the tracks first."
+EMBED_MODEL = "yard-embed"
 
 
 def script(model: str) -> list[dict[str, str]]:
@@ -126,6 +127,21 @@ def stack(request, tmp_path_factory):
                 (folder / "config.json").write_text(json.dumps({"model_type": MODEL_TYPES[model]}))
                 args += ["--tokenizer", str(folder)]
             pending.append(procs.start_ready(f"engine-{model}", *args))
+        pending.append(
+            procs.start_ready(
+                "engine-embed",
+                "mock-engine",
+                "--protocol",
+                request.param,
+                "--port",
+                "0",
+                "--model-name",
+                EMBED_MODEL,
+                "--embedding",
+                "--embedding-dim",
+                "64",
+            )  # fmt: skip
+        )
         workers = []
         for ready in pending:
             workers += ["--worker", f"grpc://127.0.0.1:{ready.result()['port']}"]
@@ -511,3 +527,52 @@ class TestRefusals:
                 extra_body=extra,
             )
         assert info.value.body["param"] == param
+
+
+class TestEmbeddings:
+    def test_floats_for_a_batch(self, stack):
+        reply = stack.client.embeddings.create(
+            model=EMBED_MODEL, input=["the night freight", "track seven", "the night freight"]
+        )
+        vectors = [item.embedding for item in reply.data]
+        assert [item.index for item in reply.data] == [0, 1, 2]
+        assert all(len(v) == 64 for v in vectors)
+        assert vectors[0] == vectors[2] != vectors[1]  # deterministic per input
+        assert abs(sum(x * x for x in vectors[0]) - 1.0) < 1e-3  # the mock's unit vectors
+        assert reply.usage.prompt_tokens > 0
+
+    def test_base64_is_the_same_vector(self, stack):
+        import base64
+        from array import array
+
+        as_floats = stack.client.embeddings.create(model=EMBED_MODEL, input="signal box")
+        raw = httpx_post(stack, {"model": EMBED_MODEL, "input": "signal box",
+                                 "encoding_format": "base64"})  # fmt: skip
+        values = array("f")
+        values.frombytes(base64.b64decode(raw["data"][0]["embedding"]))
+        assert values.tolist() == pytest.approx(as_floats.data[0].embedding)
+
+    def test_token_ids_and_dimensions(self, stack):
+        reply = stack.client.embeddings.create(model=EMBED_MODEL, input=[[5, 6, 7]], dimensions=64)
+        assert len(reply.data[0].embedding) == 64
+        with pytest.raises(openai.BadRequestError) as info:
+            stack.client.embeddings.create(model=EMBED_MODEL, input="x", dimensions=32)
+        assert info.value.body["param"] == "dimensions"
+
+    def test_kinds_do_not_mix(self, stack):
+        with pytest.raises(openai.BadRequestError) as info:
+            stack.client.embeddings.create(model="ds-v3", input="x")
+        assert info.value.body["code"] == "model_not_supported"
+        with pytest.raises(openai.BadRequestError) as info:
+            stack.client.chat.completions.create(
+                model=EMBED_MODEL, messages=[{"role": "user", "content": "hi"}]
+            )
+        assert info.value.body["code"] == "model_not_supported"
+
+
+def httpx_post(stack, body: dict) -> dict:
+    import httpx
+
+    reply = httpx.post(stack.base_url + "/v1/embeddings", json=body, timeout=30)
+    reply.raise_for_status()
+    return reply.json()

@@ -13,6 +13,7 @@ class ModelEntry:
     name: str
     context_length: int  # the smallest of its instances: a request must fit on any of them
     instances: int
+    is_generation: bool = True  # False: an embedding model (serves /v1/embeddings only)
 
 
 def build_catalog(instances: Mapping[int, Instance]) -> dict[str, ModelEntry]:
@@ -21,6 +22,11 @@ def build_catalog(instances: Mapping[int, Instance]) -> dict[str, ModelEntry]:
         if inst.role != ROLE_PREFILL:
             grouped.setdefault(inst.model, []).append(inst)
     return {
-        name: ModelEntry(name, min(i.context_length for i in group), len(group))
+        name: ModelEntry(
+            name,
+            min(i.context_length for i in group),
+            len(group),
+            all(i.is_generation for i in group),
+        )
         for name, group in grouped.items()
     }

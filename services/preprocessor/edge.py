@@ -20,7 +20,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from switchyard.preprocessor.errors import INVALID_REQUEST, RequestError
-from switchyard.preprocessor.stages.context import CHAT, COMPLETIONS, Deps
+from switchyard.preprocessor.stages.context import CHAT, COMPLETIONS, EMBEDDINGS, Deps
 from switchyard.preprocessor.stages.endpoints import serve
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,11 @@ Scope = dict[str, Any]
 Receive = Any
 Send = Any
 
-GENERATION_PATHS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS}
+GENERATION_PATHS = {
+    "/v1/chat/completions": CHAT,
+    "/v1/completions": COMPLETIONS,
+    "/v1/embeddings": EMBEDDINGS,
+}
 STREAM_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),

@@ -105,6 +105,31 @@ class CompletionRequest:
         return self.prompts[0]
 
 
+@dataclass(frozen=True, slots=True)
+class EmbeddingRequest:
+    model: str
+    inputs: tuple[str | tuple[int, ...], ...]
+    base64: bool = False
+    dimensions: int | None = None
+    user: str | None = None
+    sampling: SamplingOptions = SamplingOptions()  # unused: the stages read max_tokens None
+    stream: bool = False
+
+
+def parse_embeddings(body: bytes) -> EmbeddingRequest:
+    raw: schema.EmbeddingsBody = _decode(schema.EMBEDDINGS_DECODER, body)
+    try:
+        inputs = _prompts(raw.input)
+    except InvalidRequestError as exc:
+        param = (exc.param or "").replace("prompt", "input", 1)
+        raise InvalidRequestError(
+            exc.message.replace("'prompt'", "'input'"), exc.code, param
+        ) from None
+    return EmbeddingRequest(
+        raw.model, inputs, raw.encoding_format == "base64", raw.dimensions, raw.user
+    )
+
+
 def parse_chat_completion(body: bytes) -> ChatCompletionRequest:
     raw: schema.ChatCompletionBody = _decode(schema.CHAT_DECODER, body)
     for i, message in enumerate(raw.messages):

@@ -250,5 +250,15 @@ class CompletionBody(
     suffix: str | None = None
 
 
+class EmbeddingsBody(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    model: NonEmptyStr
+    # A string, token ids, or a batch of either (the shape is checked in openai_requests).
+    input: str | Annotated[list[str | TokenId | PromptIds], Meta(min_length=1, max_length=2048)]
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: PositiveInt32 | None = None
+    user: str | None = None
+
+
 CHAT_DECODER = msgspec.json.Decoder(ChatCompletionBody)
 COMPLETION_DECODER = msgspec.json.Decoder(CompletionBody)
+EMBEDDINGS_DECODER = msgspec.json.Decoder(EmbeddingsBody)

@@ -113,7 +113,7 @@ class PromptEncoder:
         """The ids of `text` (no special tokens added). Raises PromptTooLong when it certainly
         has more than `limit` tokens. From `offload_chars` characters of new text on, the
         tokenization runs on a worker thread."""
-        self._check_bytes(text, limit)
+        self.check_bytes(text, limit)
         pieces = self._split(text) if self._split is not None else [text]
         cache = self._cache
         special = self._special
@@ -161,7 +161,8 @@ class PromptEncoder:
                 out += ids
         return out
 
-    def _check_bytes(self, text: str, limit: int) -> None:
+    def check_bytes(self, text: str, limit: int) -> None:
+        """PromptTooLong when `text` certainly has more than `limit` tokens, by its bytes."""
         # len(text) <= UTF-8 bytes <= 4 * len(text): count the bytes only when it can matter.
         per_token = self.max_token_bytes
         if len(text) * 4 // per_token <= limit:

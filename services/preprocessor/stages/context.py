@@ -13,7 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from switchyard.preprocessor.catalog import ModelEntry
 from switchyard.preprocessor.metrics import PreprocessorMetrics
-from switchyard.preprocessor.openai_requests import ChatCompletionRequest, CompletionRequest
+from switchyard.preprocessor.openai_requests import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+)
 from switchyard.preprocessor.parsers import ParserChoice
 from switchyard.preprocessor.reply_queue import ReplyQueue
 from switchyard.preprocessor.stages.timing import StageTimer
@@ -28,6 +32,7 @@ if TYPE_CHECKING:
 
 CHAT = "chat_completions"
 COMPLETIONS = "completions"
+EMBEDDINGS = "embeddings"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +68,7 @@ class Deps:
 class RequestInput:
     endpoint: str  # CHAT | COMPLETIONS
     request_id: str
-    request: ChatCompletionRequest | CompletionRequest
+    request: ChatCompletionRequest | CompletionRequest | EmbeddingRequest
     received: float  # time.perf_counter() when the body was read
     created: int  # unix seconds, for the response's `created`
 

@@ -2,6 +2,7 @@
 
     chat:         parse, model, template, outputs, tokenize, check, generate, stream, finish
     completions:  parse, model,                    tokenize, check, generate, stream, finish
+    embeddings:   parse, model,                    tokenize,        embed,           finish
 
 `outputs` sets up the output parsers and tool_choice's constraint; `generate` routes and
 dispatches each prompt's choices (route -> prefill hop -> dispatch, see generation.py);
@@ -23,13 +24,17 @@ from switchyard.preprocessor.errors import as_request_error
 from switchyard.preprocessor.openai_requests import (
     ChatCompletionRequest,
     CompletionRequest,
+    EmbeddingRequest,
     parse_chat_completion,
     parse_completion,
+    parse_embeddings,
 )
+from switchyard.preprocessor.stages import embed as embed_stages
 from switchyard.preprocessor.stages.choice import ChoiceOutput
 from switchyard.preprocessor.stages.context import (
     CHAT,
     COMPLETIONS,
+    EMBEDDINGS,
     Deps,
     RequestContext,
     RequestInput,
@@ -52,11 +57,14 @@ class Stage(NamedTuple):
     run: Callable[[RequestContext], Awaitable[None] | None]
 
 
-PARSE: dict[str, Callable[[bytes], ChatCompletionRequest | CompletionRequest]] = {
+PARSE: dict[
+    str, Callable[[bytes], ChatCompletionRequest | CompletionRequest | EmbeddingRequest]
+] = {
     CHAT: parse_chat_completion,
     COMPLETIONS: parse_completion,
+    EMBEDDINGS: parse_embeddings,
 }
-ID_PREFIX = {CHAT: "chatcmpl", COMPLETIONS: "cmpl"}
+ID_PREFIX = {CHAT: "chatcmpl", COMPLETIONS: "cmpl", EMBEDDINGS: "embd"}
 PROMPT_STAGES: dict[str, tuple[Stage, ...]] = {
     CHAT: (
         Stage("model", resolve_model),
@@ -69,6 +77,10 @@ PROMPT_STAGES: dict[str, tuple[Stage, ...]] = {
         Stage("model", resolve_model),
         Stage("tokenize", tokenize),
         Stage("check", check),
+    ),
+    EMBEDDINGS: (
+        Stage("model", resolve_model),
+        Stage("tokenize", embed_stages.tokenize),
     ),
 }
 
@@ -219,6 +231,13 @@ async def serve(deps: Deps, endpoint: str, body: bytes, received: float, http: H
     try:
         ctx = parse(deps, endpoint, body, received)
         await run_stages(ctx, PROMPT_STAGES[endpoint])
+        if endpoint == EMBEDDINGS:
+            deps.metrics.active.inc()
+            try:
+                await embed_stages.respond(ctx, await embed_stages.embed(ctx), http)
+            finally:
+                deps.metrics.active.dec()
+            return 200
         await generate(ctx)
         sink = sink_for(ctx, http)
         deps.metrics.active.inc()

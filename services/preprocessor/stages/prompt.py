@@ -46,6 +46,14 @@ def resolve_model(ctx: RequestContext) -> None:
         raise ServiceUnavailableError(
             f"The tokenizer of model {model!r} is not loaded yet.", "not_ready"
         )
+    embeddings = ctx.inp.endpoint == "embeddings"
+    if entry.is_generation == embeddings:
+        what = (
+            "a generation model: it has no embeddings"
+            if embeddings
+            else ("an embedding model: use /v1/embeddings")
+        )
+        raise InvalidRequestError(f"The model {model!r} is {what}.", "model_not_supported", "model")
     ctx.state.entry = entry
     ctx.state.tokenizer = tokenizer
     if ctx.inp.endpoint == "chat_completions":
