@@ -11,6 +11,8 @@ machine; each pair gives one ratio, and the report lists every pair and the medi
          zmq.asyncio; ping-pong and one-request-N-replies streams (hops_zmq.py)
   route  the preprocessor -> router -> preprocessor round trip with the real RouterClient and
          a real router process (hops_route.py)
+  stack  router, dispatcher and preprocessor wired over tcp:// or over ipc://, under a closed
+         loop of streamed chat completions (hops_stack.py)
 
 CPU is each process's own CPU time (getrusage of every thread), which holds up when other load
 shares the machine; wall-clock latencies are secondary. Read ratios within a run.
@@ -177,9 +179,10 @@ def markdown(comparisons: list[Comparison], notes: dict[str, list[str]], header:
 def main(argv: list[str] | None = None) -> int:
     import hops_grpc
     import hops_route
+    import hops_stack
     import hops_zmq
 
-    sections = {"grpc": hops_grpc, "zmq": hops_zmq, "route": hops_route}
+    sections = {"grpc": hops_grpc, "zmq": hops_zmq, "route": hops_route, "stack": hops_stack}
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sections", nargs="*", choices=[*sections, []], default=[])
     parser.add_argument("--quick", action="store_true", help="a tiny configuration")

@@ -317,7 +317,7 @@ def child_env(variant: str) -> dict[str, str]:
     return env
 
 
-DEFAULT_VARIANTS = "aio,aio-read,sync-st,sync-mt,aio-x4,poll,aio-nochannelz,aio-nobdp,aio-minimal"
+DEFAULT_VARIANTS = "aio,sync-st,aio-read,aio-x4,poll,aio-nochannelz"
 QUICK_VARIANTS = "aio,sync-st"
 
 
@@ -374,7 +374,7 @@ def run(args: argparse.Namespace, progress: Callable[[str], None]) -> tuple[list
     if unknown:
         raise SystemExit(f"unknown gRPC variants: {unknown}; known: {sorted(VARIANTS)}")
     concurrencies = [
-        int(c) for c in (args.concurrency or ("1,8" if quick else "1,32,128")).split(",")
+        int(c) for c in (args.concurrency or ("4" if quick else "1,32,128")).split(",")
     ]
     token_counts = [int(t) for t in (args.tokens or ("16" if quick else "16,128")).split(",")]
     rounds = args.rounds or (1 if quick else 3)

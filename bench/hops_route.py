@@ -236,7 +236,7 @@ def run(args: argparse.Namespace, progress: Callable[[str], None]) -> tuple[list
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"unknown route variants: {unknown}; known: {sorted(VARIANTS)}")
-    concurrencies = [int(c) for c in (args.concurrency or ("1,8" if quick else "1,64")).split(",")]
+    concurrencies = [int(c) for c in (args.concurrency or ("4" if quick else "1,64")).split(",")]
     rounds = args.rounds or (1 if quick else 3)
     seconds = args.seconds or (0.5 if quick else 4.0)
     comparisons = []

@@ -252,7 +252,7 @@ VARIANTS = {
     "ipc-asyncio-1": ("ipc", "asyncio", 1),
 }
 DEFAULT_VARIANTS = "tcp-loop-1,tcp-sugar-1,ipc-loop-1,tcp-loop-2,tcp-asyncio-1"
-QUICK_VARIANTS = "tcp-loop-1,tcp-sugar-1,ipc-loop-1"
+QUICK_VARIANTS = "tcp-loop-1,ipc-loop-1"
 
 
 def child_main(argv: list[str]) -> None:
@@ -340,7 +340,7 @@ def run(args: argparse.Namespace, progress: Callable[[str], None]) -> tuple[list
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"unknown ZMQ variants: {unknown}; known: {sorted(VARIANTS)}")
-    concurrencies = [int(c) for c in (args.concurrency or ("1,8" if quick else "1,64")).split(",")]
+    concurrencies = [int(c) for c in (args.concurrency or ("4" if quick else "1,64")).split(",")]
     replies = int((args.tokens or "16").split(",")[0])
     rounds = args.rounds or (1 if quick else 3)
     seconds = args.seconds or (0.5 if quick else 4.0)
