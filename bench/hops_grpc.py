@@ -7,15 +7,22 @@ warms up, then runs a closed loop of `requests` streams at a fixed concurrency a
 own CPU time (getrusage: every thread of the process, robust to other load on the machine)
 and the wall-clock latency of each stream.
 
-Variants (see VARIANTS):
+Variants (see VARIANTS; the default set is DEFAULT_VARIANTS):
   aio              today's path: EngineClient.generate over a grpc.aio channel
   aio-read         the same channel, `await call.read()` instead of `async for`
-  aio-nochannelz   aio with grpc.enable_channelz 0 (and the other options below, one each)
   aio-x4           four channels per engine (own subchannels), streams spread over them
   poll             aio with GRPC_POLL_STRATEGY=poll
+  aio-nochannelz, aio-nobdp, aio-minimal, aio-noreuseport, aio-nocompress
+                   aio with one more channel option: grpc.enable_channelz 0,
+                   grpc.http2.bdp_probe 0, grpc.minimal_stack 1, grpc.so_reuseport 0,
+                   grpc.default_compression_algorithm 0
   sync-st          the sync stub with ChannelOptions.SingleThreadedUnaryStream, each stream
                    read by a thread of a pool, messages handed to the loop (call_soon_threadsafe)
   sync-mt          the same with the default (multi-threaded) sync channel
+
+Besides CPU per message and per request, each run reports its voluntary context switches per
+message (wake-ups) and, in its JSON line, CPU and wake-ups per thread name (event_engine: gRPC
+core's threads; python: the loop's thread, gRPC's poller, the readers of sync-*).
 """
 
 from __future__ import annotations

@@ -31,13 +31,35 @@ MODEL = "deepseek-mock"
 # --- the client child ----------------------------------------------------------------------
 
 
+def _target(base: str, tokens: int) -> Any:
+    """loadgen's HttpTarget, its idle connections dropped after 2 s: with httpx's default of
+    5 s, the same as uvicorn's keep-alive timeout, a request now and then went out on a
+    connection the server was closing and failed (ReadError), more often the busier the
+    machine."""
+    import httpx
+    from loadgen import HttpTarget
+
+    class Target(HttpTarget):
+        async def open(self) -> None:
+            limits = httpx.Limits(
+                max_connections=None, max_keepalive_connections=None, keepalive_expiry=2.0
+            )
+            timeout = httpx.Timeout(120.0, connect=10.0)
+            self.clients = [
+                httpx.AsyncClient(base_url=self.base, timeout=timeout, limits=limits)
+                for _ in range(self.lanes)
+            ]
+
+    return Target("stack", base, MODEL, tokens)
+
+
 async def _drive(args: argparse.Namespace) -> dict[str, Any]:
     from hops import wait_go
     from hops_route import proc_usage
-    from loadgen import HttpTarget, prompts
+    from loadgen import prompts
 
     pids = dict(zip(SERVICES, (int(p) for p in args.pids.split(",")), strict=True))
-    target = HttpTarget("stack", args.base, MODEL, args.tokens)
+    target = _target(args.base, args.tokens)
     await target.open()
     items = prompts(args.tag, "run", 4096, 40, 7)
     counter = iter(range(1 << 62))
@@ -56,7 +78,11 @@ async def _drive(args: argparse.Namespace) -> dict[str, Any]:
     if bad:
         raise RuntimeError(f"warm-up failed: {bad[0].error}")
     samples.clear()
+    # Fresh connections for the run: the wait for the other stack can outlast the server's
+    # keep-alive timeout, and a request on a connection the server is closing fails.
+    await target.close()
     await wait_go()
+    await target.open()
     before = {name: proc_usage(pid) for name, pid in pids.items()}
     start = time.perf_counter()
     deadline = start + args.seconds
@@ -109,6 +135,7 @@ class _Run:
 
         procs = ctx["procs"]
         self.procs = procs
+        self.variant = variant
         tag = f"{variant}-{time.monotonic_ns()}"
         if variant == "tcp":
             router, dispatcher = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
@@ -148,6 +175,9 @@ class _Run:
     def result(self) -> dict[str, float]:
         try:
             r = self.client.output()
+        except RuntimeError as exc:
+            tails = " | ".join(f"{p.args[3]}: {self.procs.log_tail(p, 12)}" for p in self.started)
+            raise RuntimeError(f"{self.variant}: {exc} | {tails}") from exc
         finally:
             self._stop()
         n = r["requests"]
