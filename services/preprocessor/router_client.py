@@ -36,7 +36,8 @@ class _Router(RequestReplyClient):
     requests of requests arriving together, progress notices of streams whose tokens came in
     the same dispatcher message) goes out as one message, a list, answered by one list: one
     send, one wake-up and one read on each side instead of one per message (bench/hops.py
-    route: about half the CPU per request at concurrency 64). A lone message goes as itself."""
+    route: 0.7x the CPU per request at concurrency 64, the same at 1). A lone message goes as
+    itself."""
 
     def __init__(self, endpoint: str) -> None:
         super().__init__(endpoint, codec.route_response, key=lambda r: r.request_id)
