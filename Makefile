@@ -79,3 +79,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/long_prompts.py
 	$(BIN)/python bench/faults.py
 	$(BIN)/python bench/disagg.py
+	$(BIN)/python bench/hops.py

@@ -12,8 +12,10 @@ encode = encoder.encode
 fleet_control_request = msgspec.msgpack.Decoder(m.FleetControlRequest)
 fleet_control_reply = msgspec.msgpack.Decoder(m.FleetControlReply)
 fleet_update = msgspec.msgpack.Decoder(m.FleetUpdate)
-router_request = msgspec.msgpack.Decoder(m.RouterRequest)
-route_response = msgspec.msgpack.Decoder(m.RouteResponse)
+# A preprocessor sends what it has for the router in one loop iteration as one message: a
+# single request, or a list of them (answered by a list of responses; see router/service).
+router_request = msgspec.msgpack.Decoder(m.RouterRequest | list[m.RouterRequest])
+route_response = msgspec.msgpack.Decoder(m.RouteResponse | list[m.RouteResponse])
 dispatcher_request = msgspec.msgpack.Decoder(m.DispatcherRequest)
 # The dispatcher batches its replies: each message is a list of them (see dispatcher/outbox).
 dispatcher_replies = msgspec.msgpack.Decoder(list[m.DispatcherReply])

@@ -13,6 +13,7 @@ it do not each wait the route timeout.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import time
@@ -21,6 +22,7 @@ from typing import Any
 
 from switchyard.common.messaging import RequestReplyClient
 from switchyard.protos import codec
+from switchyard.protos.codec import encode
 from switchyard.protos.messages import (
     ROLE_PREFILL,
     Instance,
@@ -37,13 +39,41 @@ SUSPECT_S = 5.0
 
 
 class _Router(RequestReplyClient):
+    """One router replica. What the preprocessor has for it in one loop iteration (route
+    requests of requests arriving together, progress notices of streams whose tokens came in
+    the same dispatcher message) goes out as one message, a list, answered by one list: one
+    send, one wake-up and one read on each side instead of one per message (bench/hops.py
+    route: 0.7x the CPU per request at concurrency 64, the same at 1). A lone message goes as
+    itself."""
+
     def __init__(self, endpoint: str) -> None:
         super().__init__(endpoint, codec.route_response, key=lambda r: r.request_id)
         self.suspect_until = 0.0  # monotonic: skipped until then (it let a call time out)
+        self._queued: list[Any] = []
+
+    def send_now(self, message: Any) -> None:
+        if not self._queued:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._queued.append(message)
+
+    def _flush(self) -> None:
+        queued, self._queued = self._queued, []
+        if self._io is None:
+            self.start()
+        assert self._io is not None
+        self._io.send(encode(queued[0] if len(queued) == 1 else queued))
 
     def handle(self, reply: Any) -> None:
         self.suspect_until = 0.0  # it answers (maybe late): no longer suspect
-        super().handle(reply)
+        if type(reply) is list:
+            for one in reply:
+                super().handle(one)
+        else:
+            super().handle(reply)
+
+    async def close(self) -> None:
+        self._queued = []  # like the socket's LINGER 0: unsent messages are dropped
+        await super().close()
 
 
 class LocalFallback:

@@ -1,5 +1,5 @@
 """The router process: follows fleet, ingests the engines' KV events, answers RouteRequest on
-a ZMQ ROUTER socket."""
+a ZMQ ROUTER socket, inline in the socket's read callback (no task or queue per request)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ from switchyard.protos.messages import (
     InstanceEvent,
     RouteProgress,
     RouteRequest,
+    RouteResponse,
+    RouterRequest,
 )
 from switchyard.router.core import RouterCore
 from switchyard.router.kv.ingestor import KvIngestor
@@ -90,10 +92,22 @@ class RouterService:
             self.ingestor.apply_events(events)
 
     def _on_message(self, frames: list[bytes]) -> None:
+        """One message is one request, or a list of them (all a preprocessor had in one loop
+        iteration): a list is answered by one list of its route responses, in order."""
         routed = decode_routed(frames, codec.router_request, "router request")
         if routed is None:
             return
         identity, message = routed
+        if type(message) is list:
+            replies = [r for r in map(self._handle, message) if r is not None]
+            if replies:
+                self._reply(identity, replies)
+        else:
+            reply = self._handle(message)
+            if reply is not None:
+                self._reply(identity, reply)
+
+    def _handle(self, message: RouterRequest) -> RouteResponse | None:
         core = self.core
         if isinstance(message, RouteRequest):
             metrics = self.metrics
@@ -105,12 +119,16 @@ class RouterService:
                 metrics.decisions.labels(core.policy.name).inc()
                 if reply.prompt_blocks:
                     metrics.hit_ratio.observe(reply.overlap_blocks / reply.prompt_blocks)
-            assert self._sock is not None
-            try:
-                self._sock.send_multipart([identity, codec.encode(reply)])
-            except zmq.ZMQError as exc:  # the asker went away
-                log.debug("route reply dropped: %s", exc)
-        elif isinstance(message, RouteProgress):
+            return reply
+        if isinstance(message, RouteProgress):
             core.progress(message)
         elif isinstance(message, InstanceBusy):
             core.mark_busy(message.instance_id, self.clock() + message.seconds)
+        return None
+
+    def _reply(self, identity: bytes, reply: RouteResponse | list[RouteResponse]) -> None:
+        assert self._sock is not None
+        try:
+            self._sock.send_multipart([identity, codec.encode(reply)])
+        except zmq.ZMQError as exc:  # the asker went away
+            log.debug("route reply dropped: %s", exc)

@@ -7,7 +7,13 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from switchyard.common.messaging import DealerClient, LoopSocket, decode_routed, new_socket
+from switchyard.common.messaging import (
+    DealerClient,
+    LoopSocket,
+    decode_routed,
+    new_socket,
+    recv_multipart_now,
+)
 from switchyard.protos import codec
 
 
@@ -54,6 +60,44 @@ async def test_request_reply_both_ways(ctx, endpoint):
     finally:
         client.close()
         server.close()
+
+
+async def test_multipart_messages_keep_their_frames(ctx, endpoint):
+    """Messages of several frames (and empty frames) cross whole, both ways."""
+    server_got: list[list[bytes]] = []
+    client_got: list[list[bytes]] = []
+
+    def serve(frames: list[bytes]) -> None:
+        server_got.append(frames)
+        server.send_multipart([frames[0], b"", *frames[1:]])
+
+    server = LoopSocket(
+        new_socket(ctx, zmq.ROUTER, bind=endpoint, sync=True), serve, multipart=True
+    )
+    client = LoopSocket(
+        new_socket(ctx, zmq.DEALER, connect=[endpoint], sync=True), client_got.append,
+        multipart=True,
+    )  # fmt: skip
+    try:
+        for i in range(50):
+            client.send_multipart([b"%d" % i, b"x" * i, b""])
+        await until(lambda: len(client_got) == 50, "replies")
+        assert client_got == [[b"", b"%d" % i, b"x" * i, b""] for i in range(50)]
+        assert [f[1:] for f in server_got] == [[b"%d" % i, b"x" * i, b""] for i in range(50)]
+    finally:
+        client.close()
+        server.close()
+
+
+def test_recv_multipart_now_raises_again_when_nothing_is_there():
+    context = zmq.Context()
+    try:
+        sock = new_socket(context, zmq.PULL, bind="inproc://empty")
+        with pytest.raises(zmq.Again):
+            recv_multipart_now(sock)
+        sock.close()
+    finally:
+        context.term()
 
 
 async def test_messages_queued_before_the_socket_is_driven_are_read(ctx, endpoint):

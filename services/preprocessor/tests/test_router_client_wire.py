@@ -1,0 +1,103 @@
+"""RouterClient against a fake router on a real ROUTER socket (ipc): what goes over the wire."""
+
+import asyncio
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from switchyard.preprocessor.router_client import RouterClient
+from switchyard.protos import codec
+from switchyard.protos.messages import (
+    STAGE_FINISHED,
+    STAGE_FIRST_TOKEN,
+    InstanceBusy,
+    RouteProgress,
+    RouteRequest,
+    RouteResponse,
+)
+
+
+def req(rid: str) -> RouteRequest:
+    return RouteRequest(request_id=rid, model="m", token_ids=[1, 2, 3])
+
+
+class FakeRouter:
+    """Records every message (decoded) and answers the route requests in it, in reverse order
+    so that replies are matched by request id, not by position."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str) -> None:
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(endpoint)
+        self.messages: list[object] = []
+        self.task = asyncio.create_task(self._serve())
+
+    async def _serve(self) -> None:
+        while True:
+            identity, payload = await self.sock.recv_multipart()
+            message = codec.router_request.decode(payload)
+            self.messages.append(message)
+            batch = message if isinstance(message, list) else [message]
+            replies = [
+                RouteResponse(request_id=m.request_id, instance_id=7)
+                for m in reversed(batch)
+                if isinstance(m, RouteRequest)
+            ]
+            if replies:
+                answer = replies if isinstance(message, list) else replies[0]
+                await self.sock.send_multipart([identity, codec.encode(answer)])
+
+    async def close(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+        self.sock.close(linger=0)
+
+
+@pytest.fixture
+async def wired(tmp_path):
+    ctx = zmq.asyncio.Context()
+    endpoint = f"ipc://{tmp_path}/router"
+    router = FakeRouter(ctx, endpoint)
+    client = RouterClient([endpoint], dict)
+    client.start()
+    try:
+        assert await client.wait_connected(10)
+        yield client, router
+    finally:
+        await client.close()
+        await router.close()
+        ctx.term()
+
+
+class TestBatching:
+    async def test_requests_of_one_loop_iteration_travel_as_one_list(self, wired):
+        client, router = wired
+        replies = await asyncio.gather(*(client.route(req(rid), 5.0) for rid in "abc"))
+        assert [r.request_id for r in replies] == ["a", "b", "c"]
+        assert all(r.instance_id == 7 for r in replies)
+        assert len(router.messages) == 1
+        assert [m.request_id for m in router.messages[0]] == ["a", "b", "c"]
+
+    async def test_a_lone_request_goes_as_itself(self, wired):
+        client, router = wired
+        reply = await client.route(req("solo"), 5.0)
+        assert reply.request_id == "solo" and reply.instance_id == 7
+        assert router.messages == [req("solo")]
+
+    async def test_notices_join_the_list_in_the_order_they_were_made(self, wired):
+        client, router = wired
+        await client.route(req("a"), 5.0)  # the router that routed `a` gets its notices
+        await asyncio.gather(
+            client.progress("a", 7, STAGE_FIRST_TOKEN, final=False),
+            client.busy(3, 1.0),
+            client.progress("a", 7, STAGE_FINISHED, final=True),
+        )
+        async with asyncio.timeout(5):
+            while len(router.messages) < 2:
+                await asyncio.sleep(0.001)
+        assert router.messages[1] == [
+            RouteProgress("a", 7, STAGE_FIRST_TOKEN),
+            InstanceBusy(3, 1.0),
+            RouteProgress("a", 7, STAGE_FINISHED),
+        ]
