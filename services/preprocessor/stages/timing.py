@@ -14,7 +14,9 @@ from switchyard.common.loop_histogram import HistogramSeries, LoopHistogram
 
 STAGES = (
     "parse",
+    "model",
     "template",
+    "outputs",
     "tokenize",
     "check",
     "route",
