@@ -227,13 +227,16 @@ class Processes:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGCONT)  # a frozen one must be able to stop
                 proc.send_signal(signal.SIGTERM)
-        for name, proc in self.procs.items():
+        stuck = []
+        for name, proc in self.procs.items():  # every one is waited for, also after a stuck one
             try:
-                proc.wait(timeout=15)
+                proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-                raise AssertionError(f"{name} did not stop on SIGTERM") from None
+                stuck.append(name)
+        if stuck:
+            raise AssertionError(f"{', '.join(stuck)} did not stop on SIGTERM")
 
 
 def wait_until(predicate, timeout: float = 30.0, interval: float = 0.1, what: str = "condition"):
