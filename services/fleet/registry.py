@@ -59,6 +59,7 @@ def build_instance(spec: WorkerSpec, info: EngineInfo, any_listed_prefill: bool)
         or connectable_endpoint(info.kv_replay_endpoint, spec.url),
         max_running_requests=info.max_running_requests,
         local_prefill=info.local_prefill,
+        dp_size=info.dp_size,
     )
 
 

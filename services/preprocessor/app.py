@@ -47,6 +47,7 @@ from switchyard.protos.messages import RouteRequest, SamplingParams
 log = logging.getLogger(__name__)
 
 JSON = "application/json"
+SESSION_HEADER = "x-session-id"  # the router's session key (else the body's `user`)
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -59,13 +60,19 @@ class EventStream:
 
 
 async def generation(
-    state: PreprocessorState, body: bytes, chat: bool, started: float
+    state: PreprocessorState,
+    body: bytes,
+    chat: bool,
+    started: float,
+    session_id: str | None = None,
 ) -> Response | EventStream:
     """POST /v1/chat/completions (chat) or /v1/completions: the answer to `body`, with
-    every failure turned into an OpenAI-shaped error response, and the request counted."""
+    every failure turned into an OpenAI-shaped error response, and the request counted.
+    `session_id`: the x-session-id header (else the body's `user` is the session key)."""
     try:
         req = parse_chat_completion(body) if chat else parse_completion(body)
-        answer = await _serve(state, req, "chatcmpl" if chat else "cmpl", started)
+        session = session_id or req.user
+        answer = await _serve(state, req, "chatcmpl" if chat else "cmpl", started, session)
     except Exception as exc:
         answer = _error(_request_error(exc))
     endpoint = "chat_completions" if chat else "completions"
@@ -162,7 +169,8 @@ def create_app(state: PreprocessorState) -> FastAPI:
         # Normally served by fast_path in front of this app; these routes answer the same
         # for an app mounted without it.
         started = time.perf_counter()
-        answer = await generation(state, await request.body(), chat, started)
+        session = request.headers.get(SESSION_HEADER)
+        answer = await generation(state, await request.body(), chat, started, session)
         if isinstance(answer, EventStream):
             return StreamingResponse(
                 answer.frames, media_type="text/event-stream", headers=STREAM_HEADERS
@@ -179,7 +187,8 @@ def create_app(state: PreprocessorState) -> FastAPI:
 
     @app.post("/debug/route")
     async def debug_route(request: Request) -> Response:
-        return await _debug_route(state, await request.body())
+        session = request.headers.get(SESSION_HEADER)
+        return await _debug_route(state, await request.body(), session)
 
     return app
 
@@ -218,7 +227,9 @@ async def _prompt(
     return entry, prompt_ids, param
 
 
-async def _debug_route(state: PreprocessorState, body: bytes) -> Response:
+async def _debug_route(
+    state: PreprocessorState, body: bytes, session_id: str | None = None
+) -> Response:
     """Where would this request go, and why? Decided by the router, sent to no engine."""
     req: ChatCompletionRequest | CompletionRequest
     try:
@@ -231,7 +242,11 @@ async def _debug_route(state: PreprocessorState, body: bytes) -> Response:
         request_id = f"route-{uuid.uuid4().hex}"
         reply = await state.router.route(
             RouteRequest(
-                request_id=request_id, model=req.model, token_ids=prompt_ids, dry_run=True
+                request_id=request_id,
+                model=req.model,
+                token_ids=prompt_ids,
+                dry_run=True,
+                session_id=session_id or req.user,
             ),
             state.config.route_timeout,
         )
@@ -252,6 +267,8 @@ async def _debug_route(state: PreprocessorState, body: bytes) -> Response:
                 "chosen": {
                     "instance_id": reply.instance_id,
                     "url": chosen_instance.url if chosen_instance else None,
+                    "dp_rank": reply.dp_rank,
+                    "predicted_ttft_ms": reply.predicted_ttft_ms,
                 },
                 "prefill": _instance_ref(state, reply.prefill_instance_id),
                 "workers": [msgspec.structs.asdict(w) for w in workers],
@@ -272,6 +289,7 @@ async def _serve(
     req: ChatCompletionRequest | CompletionRequest,
     prefix: str,
     started: float,
+    session_id: str | None = None,
 ) -> Response | EventStream:
     entry, prompt_ids, param = await _prompt(state, req)
     tokenizer = state.require_tokenizer(req.model)
@@ -279,7 +297,9 @@ async def _serve(
         len(prompt_ids), req.sampling.max_tokens, entry.context_length, param
     )
     request_id = f"{prefix}-{uuid.uuid4().hex}"
-    inp = GenerationInput(request_id, req.model, prompt_ids, _sampling(req.sampling, max_tokens))
+    inp = GenerationInput(
+        request_id, req.model, prompt_ids, _sampling(req.sampling, max_tokens), session_id
+    )
     tokens = state.metrics.observe(state.pipeline.generate(inp), started)
     texts = text_deltas(tokens, tokenizer, prompt_ids, req.sampling.stop)
     created = int(time.time())

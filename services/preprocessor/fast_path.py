@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.responses import Response
 
-from switchyard.preprocessor.app import STREAM_HEADERS, EventStream, generation
+from switchyard.preprocessor.app import SESSION_HEADER, STREAM_HEADERS, EventStream, generation
 from switchyard.preprocessor.errors import INVALID_REQUEST, RequestError
 from switchyard.preprocessor.state import PreprocessorState
 
@@ -33,6 +33,16 @@ _STREAM_START_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8")]
     (name.lower().encode(), value.encode()) for name, value in STREAM_HEADERS.items()
 ]
 _END = {"type": "http.response.body", "body": b"", "more_body": False}
+
+
+_SESSION = SESSION_HEADER.encode()
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
 
 
 class ClientGone(Exception):
@@ -64,7 +74,7 @@ class FastPath:
                 scope, receive, send
             )
             return
-        answer = await generation(self.state, body, chat, started)
+        answer = await generation(self.state, body, chat, started, _header(scope, _SESSION))
         if isinstance(answer, EventStream):
             await _send_stream(answer, receive, send)
         else:

@@ -60,6 +60,7 @@ class ChatCompletionRequest:
     sampling: SamplingOptions
     stream: bool = False
     include_usage: bool = False
+    user: str | None = None  # the router's session key (sticks a conversation to a worker)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,7 @@ class CompletionRequest:
     sampling: SamplingOptions
     stream: bool = False
     include_usage: bool = False
+    user: str | None = None
 
 
 def parse_chat_completion(body: bytes) -> ChatCompletionRequest:
@@ -81,7 +83,9 @@ def parse_chat_completion(body: bytes) -> ChatCompletionRequest:
     if max_tokens is None:
         max_tokens = _opt_int(obj, "max_tokens", 1)
     stream, include_usage = _stream(obj)
-    return ChatCompletionRequest(model, messages, _sampling(obj, max_tokens), stream, include_usage)
+    return ChatCompletionRequest(
+        model, messages, _sampling(obj, max_tokens), stream, include_usage, _opt_str(obj, "user")
+    )
 
 
 def parse_completion(body: bytes) -> CompletionRequest:
@@ -91,7 +95,9 @@ def parse_completion(body: bytes) -> CompletionRequest:
     _reject_completion_extras(obj)
     max_tokens = _opt_int(obj, "max_tokens", 1)
     stream, include_usage = _stream(obj)
-    return CompletionRequest(model, prompt, _sampling(obj, max_tokens), stream, include_usage)
+    return CompletionRequest(
+        model, prompt, _sampling(obj, max_tokens), stream, include_usage, _opt_str(obj, "user")
+    )
 
 
 def check_context(
@@ -404,6 +410,15 @@ def _opt_float(
     ):
         raise _invalid(key, _range_text(low, high, exclusive_low), value)
     return number
+
+
+def _opt_str(obj: dict[str, Any], key: str) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if type(value) is not str:
+        raise _invalid(key, "a string", value)
+    return value
 
 
 def _opt_bool(obj: dict[str, Any], key: str, default: bool) -> bool:

@@ -56,6 +56,7 @@ class GenerationInput:
     model: str
     prompt_ids: list[int]
     sampling: SamplingParams
+    session_id: str | None = None  # x-session-id header or the OpenAI `user` field
 
 
 class Pipeline:
@@ -108,6 +109,7 @@ class Pipeline:
                 model=inp.model,
                 token_ids=inp.prompt_ids,
                 exclude=exclude,
+                session_id=inp.session_id,
             ),
             self.route_timeout,
         )
@@ -156,6 +158,7 @@ class Pipeline:
                     max_tokens=sampling.max_tokens - len(generated),
                     min_tokens=max(0, sampling.min_tokens - len(generated)),
                 ),
+                data_parallel_rank=routed.dp_rank,
             )
             failure = None
             engine_done = False  # the dispatcher sent its last reply for this attempt

@@ -1,15 +1,17 @@
-"""The router process: follows fleet, ingests the engines' KV events, answers RouteRequest on
-a ZMQ ROUTER socket."""
+"""The router process: follows fleet, ingests the engines' KV events, polls their load,
+answers RouteRequest on a ZMQ ROUTER socket."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
 
 import zmq
 import zmq.asyncio
+from smg_grpc_proto.generated import common_pb2
 
 from switchyard.common.fleet_client import FleetClient
 from switchyard.common.messaging import LoopSocket, decode_routed, new_socket
@@ -22,10 +24,14 @@ from switchyard.protos.messages import (
     RouteRequest,
 )
 from switchyard.router.core import RouterCore
-from switchyard.router.kv.ingestor import KvIngestor
+from switchyard.router.kv.ingestor import KvIngestor, ListenerSpec
+from switchyard.router.load_poller import LoadPoller
 from switchyard.router.metrics import RouterMetrics
+from switchyard.router.types import Needs, WorkerKey
 
 log = logging.getLogger(__name__)
+
+_SILENCE_CHECK_S = 5.0
 
 
 class RouterService:
@@ -37,45 +43,95 @@ class RouterService:
         fleet_events: str,
         metrics: RouterMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        listener: ListenerSpec | None = None,
+        load_poll_interval: float = 0.5,
+        silence_after: float = 30.0,
     ) -> None:
         self.core = core
         self.bind = bind
-        self.metrics = metrics or RouterMetrics(core.index)
         self.clock = clock
         self._ctx = zmq.asyncio.Context()
-        # Only KV-aware routing needs the engines' events.
+        # Only plugins that read the KV view need the engines' events; only those that read
+        # engine load need the polls.
         self.ingestor = (
-            KvIngestor(core.index, context=self._ctx) if core.policy.needs_overlap else None
+            KvIngestor(
+                core.index,
+                context=self._ctx,
+                listener=listener,
+                on_load=self._on_load,
+                silence_after=silence_after,
+                clock=clock,
+            )
+            if core.needs & Needs.BLOCKS
+            else None
+        )
+        self.poller = (
+            LoadPoller(core.engine_loads, load_poll_interval, clock=clock)
+            if core.needs & Needs.ENGINE_LOAD and load_poll_interval > 0
+            else None
+        )
+        ingestor = self.ingestor
+        self.metrics = metrics or RouterMetrics(
+            core.index,
+            core.stats,
+            (lambda: len(ingestor.silent)) if ingestor is not None else None,
         )
         self.fleet = FleetClient(fleet_control, fleet_events, on_change=self._on_fleet_change)
         self._sock: LoopSocket | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         raw = new_socket(self._ctx, zmq.ROUTER, bind=self.bind, sync=True)
+        if self.ingestor is not None:
+            await self.ingestor.start()
         await self.fleet.start()
         self.core.set_instances(self.fleet.instances)
         if self.ingestor is not None:
             self.ingestor.apply_events([InstanceAdded(i) for i in self.fleet.instances.values()])
+        if self.poller is not None:
+            self.poller.apply(self.fleet.instances)
         log.info(
-            "router ready bind=%s policy=%s instances=%d",
+            "router ready bind=%s mode=%s instances=%d",
             self.bind,
-            self.core.policy.name,
+            self.core.mode,
             len(self.fleet.instances),
         )
+        for profile in (self.core.decode, self.core.prefill):
+            log.info("routing profile %s", profile.describe())
         self._sock = sock = LoopSocket(raw, self._on_message, multipart=True)
+        watch = asyncio.get_running_loop().create_task(self._watch_silence(stop))
         try:
             await stop.wait()
         finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
             sock.close()
             await self.fleet.close()
+            if self.poller is not None:
+                await self.poller.close()
             if self.ingestor is not None:
                 await self.ingestor.close()
             self._ctx.term()
+
+    async def _watch_silence(self, stop: asyncio.Event) -> None:
+        if self.ingestor is None:
+            return
+        while not stop.is_set():
+            await asyncio.sleep(_SILENCE_CHECK_S)
+            self.ingestor.check_silence(self.clock())
+
+    def _on_load(self, key: WorkerKey, load: common_pb2.EngineLoad) -> None:
+        self.core.engine_loads.update(key, load, self.clock())
+        if self.poller is not None:
+            self.poller.pushed(key[0])
 
     def _on_fleet_change(self, events: list[InstanceEvent]) -> None:
         self.core.set_instances(self.fleet.instances)
         if self.ingestor is not None:
             self.ingestor.apply_events(events)
+        if self.poller is not None:
+            self.poller.apply(self.fleet.instances)
 
     def _on_message(self, frames: list[bytes]) -> None:
         routed = decode_routed(frames, codec.router_request, "router request")
@@ -86,19 +142,24 @@ class RouterService:
         if isinstance(message, RouteRequest):
             metrics = self.metrics
             started = time.perf_counter()
-            routed = core.route(message, self.clock())
+            now = self.clock()
+            decision = core.route(message, now)
             metrics.latency.observe(time.perf_counter() - started)
-            reply = routed.response
+            reply = decision.response
             if reply.instance_id is not None and not message.dry_run:
-                metrics.decisions.labels(core.policy.name).inc()
+                metrics.decisions.labels(core.mode).inc()
                 if reply.prompt_blocks:
                     metrics.hit_ratio.observe(reply.overlap_blocks / reply.prompt_blocks)
+                if reply.predicted_ttft_ms:
+                    metrics.predicted_ttft.observe(reply.predicted_ttft_ms / 1e3)
+                if self.ingestor is not None:
+                    self.ingestor.note_routed(reply.instance_id, now)
             assert self._sock is not None
             try:
                 self._sock.send_multipart([identity, codec.encode(reply)])
             except zmq.ZMQError as exc:  # the asker went away
                 log.debug("route reply dropped: %s", exc)
         elif isinstance(message, RouteProgress):
-            core.progress(message)
+            core.progress(message, self.clock())
         elif isinstance(message, InstanceBusy):
             core.mark_busy(message.instance_id, self.clock() + message.seconds)

@@ -45,6 +45,7 @@ class EngineInfo:
     max_running_requests: int = 0
     tokenizer_path: str = ""
     local_prefill: bool = True  # False: the engine only decodes transferred KV
+    dp_size: int = 1  # data-parallel ranks (each its own KV cache and KV-event publisher)
 
 
 @dataclass(frozen=True)

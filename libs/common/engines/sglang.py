@@ -25,6 +25,18 @@ from switchyard.protos.messages import (
 _ROLES = {"prefill": ROLE_PREFILL, "decode": ROLE_DECODE}
 
 
+def _dp_size(args: dict[str, Any]) -> int:
+    """How many schedulers (KV caches, KV-event publishers) the engine runs: dp_size times
+    the attention-DP width newer SGLang resolves (`attn_dp_size`; the pinned release keeps
+    --dp-size N --enable-dp-attention as dp_size N)."""
+
+    def width(name: str) -> int:
+        value = args.get(name)
+        return int(value) if isinstance(value, int | float) and value >= 1 else 1
+
+    return width("dp_size") * width("attn_dp_size")
+
+
 def _kv_events_endpoint(config: Any, key: str = "endpoint") -> str | None:
     """server_args.kv_events_config is a JSON string (or a dict) with an `endpoint` (and, on
     newer SGLang, a `replay_endpoint`)."""
@@ -70,6 +82,7 @@ class SglangClient(EngineClient):
             kv_replay_endpoint=_kv_events_endpoint(args.get("kv_events_config"), "replay_endpoint"),
             max_running_requests=int(args.get("max_running_requests") or 0),
             tokenizer_path=model.tokenizer_path,
+            dp_size=_dp_size(args),
         )
 
     @staticmethod
@@ -96,6 +109,8 @@ class SglangClient(EngineClient):
             ),
             stream=request.stream,
         )
+        if request.data_parallel_rank is not None:
+            built.data_parallel_rank = request.data_parallel_rank
         if request.disagg is not None:
             d = request.disagg
             built.disaggregated_params.CopyFrom(

@@ -44,6 +44,7 @@ class VllmClient(EngineClient):
             local_prefill=server.kv_role != "kv_consumer",  # a consumer only takes remote KV
             max_running_requests=int(server.max_num_seqs or 0),
             tokenizer_path=model.tokenizer_path,
+            dp_size=max(1, int(server.data_parallel_size or 1)),
         )
 
     @staticmethod
@@ -75,6 +76,8 @@ class VllmClient(EngineClient):
         )
         if request.kv_transfer_params_json is not None:
             built.kv_transfer_params_json = request.kv_transfer_params_json
+        if request.data_parallel_rank is not None:
+            built.data_parallel_rank = request.data_parallel_rank
         return built
 
     def _kv_transfer_params(self, done: pb.GenerateComplete) -> str | None:

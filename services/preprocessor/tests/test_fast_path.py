@@ -47,7 +47,7 @@ def answers(monkeypatch):
     seen: list[tuple[bytes, bool]] = []
     queue: list[object] = []
 
-    async def generation(state, body, chat, started):
+    async def generation(state, body, chat, started, session_id=None):
         seen.append((body, chat))
         return queue.pop(0)
 
