@@ -10,6 +10,10 @@
    worker holds all 512 blocks) and the request-side block_hashes() of the prompt.
 
     python bench/kv_ingest.py [--requests 12000] [--capacity 4096]
+
+The same script measures the previous router too (before/after in one table): run it with
+that checkout's interpreter (`/work/main/.venv/bin/python bench/kv_ingest.py`); workers are
+keyed as that index expects.
 """
 
 from __future__ import annotations
@@ -25,6 +29,14 @@ import msgspec
 from switchyard.common.block_hash import block_hashes
 from switchyard.router.kv.decode import decode_payload
 from switchyard.router.kv.index import KvIndex
+
+# The current index keys a worker by (instance id, data-parallel rank), the previous one by id.
+NEW_API = hasattr(KvIndex, "overlaps_with")
+
+
+def key(worker: int) -> Any:
+    return (worker, 0) if NEW_API else worker
+
 
 WORKERS = 16
 BLOCK = 16
@@ -107,7 +119,7 @@ def ingest(payloads: list[tuple[int, bytes]]) -> tuple[KvIndex, float, float]:
     index = KvIndex()
     t2 = time.perf_counter()
     for w, p in payloads:
-        index.apply_batch(w, decode_payload(p).records)
+        index.apply_batch(key(w), decode_payload(p).records)
     t3 = time.perf_counter()
     return index, t3 - t2, t1 - t0
 
@@ -165,7 +177,7 @@ def main() -> None:
     for w, depth in enumerate(depths):
         if depth:
             index.apply_batch(
-                w,
+                key(w),
                 decode_payload(
                     msgspec.msgpack.encode(
                         [
@@ -184,20 +196,20 @@ def main() -> None:
                 ).records,
             )
     got = index.overlaps(prompt_hashes)
-    assert got == {w: d for w, d in enumerate(depths) if d}, got
+    assert got == {key(w): d for w, d in enumerate(depths) if d}, got
     realistic = timed(lambda: index.overlaps(prompt_hashes), args.rounds)
 
     worst = KvIndex()
     for w in range(WORKERS):
         worst.apply_batch(
-            w,
+            key(w),
             decode_payload(
                 msgspec.msgpack.encode(
                     [0.0, [stored("array", list(range(base, base + 512)), None, prompt)], 0]
                 )
             ).records,
         )
-    assert worst.overlaps(prompt_hashes) == dict.fromkeys(range(WORKERS), 512)
+    assert worst.overlaps(prompt_hashes) == {key(w): 512 for w in range(WORKERS)}
     worst_case = timed(lambda: worst.overlaps(prompt_hashes), args.rounds)
     hashing = timed(lambda: block_hashes(prompt, BLOCK), args.rounds)
 

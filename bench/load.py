@@ -224,7 +224,7 @@ def start_engines(
         argv = ["mock-engine", "--protocol", "sglang", "--port", str(port)]
         argv += ["--model-name", MODEL, "--tokenizer", str(tokenizer)]
         argv += ["--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms)]
-        argv += ["--kv-events-endpoint", events_ep, "--kv-replay-endpoint", replay_ep]
+        argv += ["--kv-events-endpoint", f"tcp://*:{events}", "--kv-replay-endpoint", replay_ep]
         engines.append(procs.start_switchyard(f"engine-{index}", *argv, "--log-level", "WARNING"))
         urls.append(f"grpc://127.0.0.1:{port}")
         kv_urls.append(f"grpc://127.0.0.1:{port}?kv_events={events_ep}&kv_replay={replay_ep}")

@@ -159,7 +159,9 @@ def build_stack(args: argparse.Namespace) -> tuple[list[ChildSpec], list[str]]:
                 engine += ["--bootstrap-port", "0"]
         engine += ["--model-name", args.model_name, "--speedup", str(args.mock_speedup)]
         engine += ["--ttft-ms", str(args.mock_ttft_ms), "--itl-ms", str(args.mock_itl_ms)]
-        engine += ["--kv-events-endpoint", events, "--kv-replay-endpoint", replay]
+        # The engine binds a wildcard endpoint (the engines' rule; a named host connects).
+        wildcard = events.replace("127.0.0.1", "*")
+        engine += ["--kv-events-endpoint", wildcard, "--kv-replay-endpoint", replay]
         name = f"mock-engine-{index}-{protocol}" + (f"-{role}" if role else "")
         specs.append(ChildSpec(name, py + engine + args.mock_arg + log_level))
     if not workers and not args.workers_file:

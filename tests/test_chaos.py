@@ -61,7 +61,7 @@ def chaos_stack(
                 "--ttft-ms",
                 "5",
                 "--kv-events-endpoint",
-                f"tcp://127.0.0.1:{pub}",
+                f"tcp://*:{pub}",
                 "--kv-replay-endpoint",
                 f"tcp://127.0.0.1:{replay}",
                 *engine_args.get(n, ()),

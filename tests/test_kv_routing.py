@@ -117,7 +117,7 @@ def test_restarted_router_rebuilds_its_index():
             "--port",
             str(port),
             "--kv-events-endpoint",
-            f"tcp://127.0.0.1:{events}",
+            f"tcp://*:{events}",
             "--kv-replay-endpoint",
             f"tcp://127.0.0.1:{replay}",
             "--speedup",

@@ -6,14 +6,15 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
 
 from switchyard.mock_engine.config import MockEngineConfig
+from switchyard.mock_engine.data_parallel import DataParallelEngine
 from switchyard.mock_engine.disagg import Disaggregation
 from switchyard.mock_engine.faults import FaultInjector, Refusal
-from switchyard.mock_engine.generation import MockEngine
 from switchyard.mock_engine.kv_events import KvEventPublisher
 from switchyard.mock_engine.tokenizer_bundle import TokenizerBundle, bundle_slices
 from switchyard.mock_engine.tokenizer_facts import TokenizerFacts
@@ -23,8 +24,8 @@ from switchyard.mock_engine.tokenizer_facts import TokenizerFacts
 class ServicerDeps:
     config: MockEngineConfig
     facts: TokenizerFacts
-    engine: MockEngine
-    kv_events: KvEventPublisher
+    engine: DataParallelEngine
+    kv_events: KvEventPublisher  # rank 0's
     bundle: TokenizerBundle
     model_config: dict[str, Any]  # config.json as served
     port: int  # the bound port (the config's may be 0)
@@ -32,6 +33,13 @@ class ServicerDeps:
     faults: FaultInjector
     disagg: Disaggregation
     wall_clock: Callable[[], float] = time.time
+    kv_publishers: tuple[KvEventPublisher, ...] = ()  # one per data-parallel rank
+    tokenizer_dir: Path | None = None  # a folder holding exactly what GetTokenizer serves
+
+    @property
+    def tokenizer_path(self) -> str:
+        """What GetModelInfo reports as tokenizer_path / model_path."""
+        return str(self.tokenizer_dir or self.facts.directory)
 
     @property
     def model_type(self) -> str:

@@ -32,6 +32,7 @@ class GenerationRequest:
     sampling: SamplingSpec
     # prompt tokens whose KV a prefill engine handed over: no prefill cost, reported as cached
     transferred_tokens: int = 0
+    dp_rank: int | None = None  # GenerateRequest.data_parallel_rank (None: the engine picks)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

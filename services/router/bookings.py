@@ -5,121 +5,89 @@ The first request of a new prefix books its blocks on its worker at once, before
 has prefilled them and published its events; requests sharing the prefix that arrive before
 that prefill ends see the booking (and, in the time model, the prefill they would wait for
 there), so a burst does not prefill the same prefix on every engine. A booking expires after
-`ttl` seconds; by then the engine's own events have told the index.
+`ttl` seconds; by then the engine's own events have told the index. Only what the worker
+does not already hold or have booked is booked (`add(..., start)`), so a conversation's next
+turn books its new blocks only.
 
-Layout as the KV index's: router hash -> bitmask of the workers holding a booking of it, so a
-lookup is one dict get and one AND per request block; expiry is a single queue in booking
-order (one TTL for all), consumed as it comes due.
+Layout: the masks live in the KV index's bit space (router hash -> bitmask of the workers
+with a booking of it), so the index walks device blocks and bookings in one pass
+(`KvIndex.overlaps_with`); expiry is a single queue in booking order (one TTL for all),
+consumed as it comes due.
 """
 
 from __future__ import annotations
 
 import collections
-import heapq
 from collections.abc import Sequence
 
+from switchyard.router.kv.index import KvIndex
 from switchyard.router.types import WorkerKey
 
 
 class Bookings:
-    def __init__(self, ttl: float = 10.0, max_blocks_per_worker: int = 200_000) -> None:
+    def __init__(
+        self, index: KvIndex, ttl: float = 10.0, max_blocks_per_worker: int = 200_000
+    ) -> None:
         if not ttl >= 0:
             raise ValueError(f"ttl must be >= 0, got {ttl}")
         if max_blocks_per_worker < 1:
             raise ValueError(f"max_blocks_per_worker must be >= 1, got {max_blocks_per_worker}")
+        self.index = index
         self.ttl = ttl
         self.max_blocks = max_blocks_per_worker
-        self._masks: dict[int, int] = {}
-        self._slots: dict[WorkerKey, int] = {}
-        self._keys: list[WorkerKey | None] = []
-        self._free: list[int] = []
-        self._entries: list[dict[int, float]] = []  # slot -> {hash: expiry}, expiry order
-        self._due: collections.deque[tuple[float, int, int]] = collections.deque()
+        self.masks: dict[int, int] = {}
+        self._entries: dict[WorkerKey, dict[int, float]] = {}  # worker -> {hash: expiry}
+        self._bits: dict[WorkerKey, int] = {}
+        self._due: collections.deque[tuple[float, WorkerKey, int]] = collections.deque()
 
-    def add(self, worker: WorkerKey, hashes: Sequence[int], now: float) -> None:
-        if not hashes or self.ttl == 0:
+    def add(self, worker: WorkerKey, hashes: Sequence[int], now: float, start: int = 0) -> None:
+        """Book hashes[start:] on the worker (hashes[:start] are held or booked already)."""
+        if start >= len(hashes) or self.ttl == 0:
             return
-        slot = self._slot(worker)
-        entries = self._entries[slot]
-        bit = 1 << slot
-        masks = self._masks
+        entries = self._entries.get(worker)
+        if entries is None:
+            entries = self._entries[worker] = {}
+            self._bits[worker] = self.index.bit(worker)
+        bit = self._bits[worker]
+        masks = self.masks
         expiry = now + self.ttl
         due = self._due
-        for h in hashes:
+        for i in range(start, len(hashes)):
+            h = hashes[i]
             if entries.pop(h, None) is None:
                 masks[h] = masks.get(h, 0) | bit
             entries[h] = expiry  # re-inserted at the end: the dict stays in expiry order
-            due.append((expiry, slot, h))
+            due.append((expiry, worker, h))
         while len(entries) > self.max_blocks:
-            self._drop(slot, next(iter(entries)))
+            self._drop(worker, next(iter(entries)))
 
     def overlaps(self, hashes: Sequence[int], now: float) -> dict[WorkerKey, int]:
-        """worker -> leading blocks of `hashes` booked on it (absent when none)."""
+        """worker -> leading blocks of `hashes` held on the device or booked there."""
         self.expire(now)
-        result: dict[WorkerKey, int] = {}
-        if not self._masks:
-            return result
-        get = self._masks.get
-        active = -1
-        for depth, h in enumerate(hashes):
-            matching = active & get(h, 0)
-            if matching != active:
-                if depth:
-                    self._credit(result, active & ~matching, depth)
-                if not matching:
-                    return result
-                active = matching
-        if active != -1:
-            self._credit(result, active, len(hashes))
-        return result
+        return self.index.overlaps_with(hashes, self.masks)
 
     def expire(self, now: float) -> None:
         due = self._due
-        entries = self._entries
         while due and due[0][0] <= now:
-            expiry, slot, h = due.popleft()
-            if entries[slot].get(h) == expiry:  # not re-booked since
-                self._drop(slot, h)
+            expiry, worker, h = due.popleft()
+            entries = self._entries.get(worker)
+            if entries is not None and entries.get(h) == expiry:  # not re-booked since
+                self._drop(worker, h)
 
     def drop_instance(self, instance_id: int) -> None:
-        for worker in [w for w in self._slots if w[0] == instance_id]:
-            slot = self._slots.pop(worker)
-            for h in list(self._entries[slot]):
-                self._drop(slot, h)
-            self._keys[slot] = None
-            heapq.heappush(self._free, slot)
+        for worker in [w for w in self._entries if w[0] == instance_id]:
+            for h in list(self._entries[worker]):
+                self._drop(worker, h)
+            del self._entries[worker]
+            del self._bits[worker]
 
     def size(self, worker: WorkerKey) -> int:
-        slot = self._slots.get(worker)
-        return 0 if slot is None else len(self._entries[slot])
+        return len(self._entries.get(worker, ()))
 
-    def _slot(self, worker: WorkerKey) -> int:
-        slot = self._slots.get(worker)
-        if slot is None:
-            if self._free:
-                slot = heapq.heappop(self._free)
-                self._keys[slot] = worker
-                self._entries[slot] = {}
-            else:
-                slot = len(self._keys)
-                self._keys.append(worker)
-                self._entries.append({})
-            self._slots[worker] = slot
-        return slot
-
-    def _drop(self, slot: int, h: int) -> None:
-        del self._entries[slot][h]
-        mask = self._masks[h] & ~(1 << slot)
+    def _drop(self, worker: WorkerKey, h: int) -> None:
+        del self._entries[worker][h]
+        mask = self.masks[h] & ~self._bits[worker]
         if mask:
-            self._masks[h] = mask
+            self.masks[h] = mask
         else:
-            del self._masks[h]
-
-    def _credit(self, result: dict[WorkerKey, int], bits: int, depth: int) -> None:
-        keys = self._keys
-        while bits:
-            low = bits & -bits
-            key = keys[low.bit_length() - 1]
-            if key is not None:
-                result[key] = depth
-            bits ^= low
+            del self.masks[h]

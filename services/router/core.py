@@ -20,7 +20,6 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from switchyard.common.block_hash import block_hashes
 from switchyard.protos.messages import (
     ROLE_PREFILL,
     STAGE_FINISHED,
@@ -38,6 +37,7 @@ from switchyard.router.kv.index import KvIndex
 from switchyard.router.load import EngineLoads, InFlightTracker
 from switchyard.router.policies import build_profile
 from switchyard.router.prefix import cached_tokens
+from switchyard.router.prompt_hashes import PromptHashes
 from switchyard.router.timing import TimeModel
 from switchyard.router.types import Needs, PluginDeps, RouteContext, Worker
 
@@ -84,7 +84,8 @@ class RouterCore:
         self.tracker = tracker or InFlightTracker()
         self.index = index or KvIndex()
         self.engine_loads = engine_loads or EngineLoads()
-        self.bookings = bookings or Bookings(self.config.booking_ttl_s)
+        self.bookings = bookings or Bookings(self.index, self.config.booking_ttl_s)
+        self.prompt_hashes = PromptHashes()
         self.time = TimeModel(self.config.time)
         self.stats = stats or PluginStats()
         deps = PluginDeps(rng or random.Random(), self.time)
@@ -215,11 +216,11 @@ class RouterCore:
         index, bookings, now = self.index, self.bookings, ctx.now
         offloaded = index.has_offloaded()
         for size in sorted(sizes):
-            hashes = block_hashes(tokens, size)
+            hashes = self.prompt_hashes.hashes(tokens, size)
             ctx.hashes[size] = hashes
             ctx.prompt_blocks = max(ctx.prompt_blocks, len(hashes))
             found = index.overlaps(hashes)
-            booked = bookings.overlaps(hashes, now)
+            booked = bookings.overlaps(hashes, now) if bookings.masks else found
             if offloaded:
                 more = index.overlaps_any_tier(hashes)
             if len(sizes) == 1:
@@ -250,7 +251,12 @@ class RouterCore:
         request = ctx.request
         prompt = ctx.prompt_tokens
         if ctx.hashes:
-            self.bookings.add(chosen.key, ctx.hashes.get(chosen.instance.block_size, ()), now)
+            self.bookings.add(
+                chosen.key,
+                ctx.hashes.get(chosen.instance.block_size, ()),
+                now,
+                start=ctx.pending_blocks.get(chosen.key, 0),
+            )
         uncached = (
             prompt - int(cached_tokens(ctx, chosen, self._offload_weight)[0])
             if (ctx.hashes)
@@ -267,7 +273,12 @@ class RouterCore:
         )
         if hop is not None:
             if ctx.hashes:
-                self.bookings.add(hop.key, ctx.hashes.get(hop.instance.block_size, ()), now)
+                self.bookings.add(
+                    hop.key,
+                    ctx.hashes.get(hop.instance.block_size, ()),
+                    now,
+                    start=ctx.pending_blocks.get(hop.key, 0),
+                )
             hop_uncached = (
                 prompt - int(cached_tokens(ctx, hop, self._offload_weight)[0])
                 if (ctx.hashes)

@@ -111,7 +111,7 @@ class TestSubprocess:
             assert code == 0
 
     async def test_sglang_process_publishes_kv_events(self) -> None:
-        pub, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+        pub, replay = f"tcp://*:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
         args = ("--kv-events-endpoint", pub, "--kv-replay-endpoint", replay)
         async with spawn_mock_engine("sglang", "--speedup", "100", *args):
             replies = await kv_replay(replay, 0)

@@ -14,7 +14,8 @@ engine's events that way).
 Telling engines apart (`register`): each instance's topic comes from a pattern (placeholders
 {host}, {port}, {model}, {instance_id}, {url}); a message whose topic names no instance is
 matched by the TCP peer address of its publisher instead (the instance whose URL host that is,
-when exactly one instance has it), else counted (`unknown_topic`) and reported once per topic.
+when exactly one instance has it), else counted (`unknown_topic`) and reported once per topic
+that stays unknown past a grace period (engines publish before fleet has probed them).
 Two instances with the same topic are reported and neither gets the topic's messages.
 Replay goes to each engine's own replay ROUTER, which engines always bind.
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import string
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -75,6 +77,8 @@ class TopicListener:
         *,
         endpoint: str,
         mode: str = "bind",
+        unknown_grace: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if mode not in ("bind", "connect"):
             raise ValueError(f"listener mode must be bind or connect, got {mode!r}")
@@ -89,6 +93,9 @@ class TopicListener:
         self._by_host: dict[str, _Route] = {}
         self._entries: dict[int, _Entry] = {}
         self._reported: set[bytes] = set()
+        self._first_unknown: dict[bytes, float] = {}
+        self.unknown_grace = unknown_grace
+        self._clock = clock
         self._closed = False
         self.on_unknown: Callable[[bytes, str | None], None] | None = None
 
@@ -199,16 +206,28 @@ class TopicListener:
         entry.streams[rank].feed(seq, frames[-1].bytes)
 
     def _unknown(self, topic: bytes, host: str | None) -> None:
+        """Count; report a topic once it has been unknown for `unknown_grace` seconds (an
+        engine publishes before fleet has probed it: its first batches are dropped, and
+        replay fills them in once it is known)."""
         self._counters.unknown_topic += 1
-        if topic in self._reported or len(self._reported) >= _REPORTED_TOPICS:
+        if topic in self._reported:
+            return
+        now = self._clock()
+        first = self._first_unknown.get(topic)
+        if first is None:
+            if len(self._first_unknown) >= _REPORTED_TOPICS:
+                return
+            first = self._first_unknown[topic] = now
+        if now - first < self.unknown_grace or len(self._reported) >= _REPORTED_TOPICS:
             return
         self._reported.add(topic)
         log.warning(
-            "kv events on %s with topic %r from %s name no known worker: dropped (check the "
-            "engines' kv-events topic against --kv-topic-pattern)",
+            "kv events on %s with topic %r from %s name no known worker for %.0f s: dropped "
+            "(check the engines' kv-events topic against --kv-topic-pattern)",
             self.endpoint,
             topic.decode("utf-8", "replace"),
             host or "an unknown peer",
+            now - first,
         )
         if self.on_unknown is not None:
             self.on_unknown(topic, host)

@@ -77,6 +77,9 @@ class ZmqKvSource:
         try:
             sub.setsockopt(zmq.LINGER, 0)
             sub.setsockopt(zmq.RCVHWM, 0)  # never drop: a drop is a gap and costs a replay
+            # An endpoint nobody binds (an engine whose publisher connects elsewhere) is
+            # retried with a backoff, not every 100 ms.
+            sub.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
             sub.setsockopt(zmq.SUBSCRIBE, b"")
             monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
             sub.connect(self.endpoint)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from switchyard.router.prefix import cached_tokens
+from switchyard.router.prefix import cached_tokens_all
 from switchyard.router.types import Needs, PluginDeps, RouteContext, Worker
 
 
@@ -30,4 +30,4 @@ class KvOverlap:
     def score(self, ctx: RouteContext, workers: Sequence[Worker]) -> list[float]:
         prompt = max(ctx.prompt_tokens - 1, 1)
         weight = self.params.offload_weight
-        return [cached_tokens(ctx, w, weight)[0] / prompt for w in workers]
+        return [cached / prompt for cached, _ in cached_tokens_all(ctx, workers, weight)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from switchyard.router.prefix import cached_tokens
+from switchyard.router.prefix import cached_tokens_all
 from switchyard.router.types import (
     Explanation,
     Needs,
@@ -37,10 +37,11 @@ class PredictedTtft:
         prompt = ctx.prompt_tokens
         explain = ctx.explain
         costs = []
-        for w in workers:
+        for w, (cached, pending) in zip(
+            workers, cached_tokens_all(ctx, workers, offload), strict=True
+        ):
             speed = time.speed(w.key)
             per_token = speed.slope
-            cached, pending = cached_tokens(ctx, w, offload)
             uncached = prompt - cached
             if not w.instance.local_prefill:
                 uncached = 0.0  # a decode-only engine receives the KV from a prefill hop

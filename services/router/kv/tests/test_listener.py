@@ -53,6 +53,7 @@ async def bound(zctx):
             listener=ListenerSpec(mode, endpoint, pattern),
         )
         await ing.start()
+        ing.listener.unknown_grace = 0.0  # report unknown topics at once
         made.append(ing)
         return ing
 
