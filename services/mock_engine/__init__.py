@@ -2,7 +2,7 @@
 with a simulated prefix cache, simulated timing and the engines' own KV event wire.
 
 Layout: config, errors, types, timing, tokens, kv_cache, kv_events, faults, kv_handover,
-generation, data_parallel (the neutral core; one generation per DP rank); tokenizer_facts, deps, tokenizer_bundle, kv_wire, kv_zmq,
-kv_grpc, kv_transfer, disagg, common_rpcs, sglang_servicer, vllm_servicer (adapters); server, cli,
-__main__, testing.
+generation, data_parallel (the neutral core); tokenizer_facts, deps, tokenizer_bundle, kv_wire,
+kv_zmq, kv_grpc, kv_transfer, disagg, common_rpcs, sglang_servicer, vllm_servicer (adapters);
+server, cli, __main__, testing.
 """
