@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(BIN)/pip install --quiet -e ".[dev,bench]"
 	$(BIN)/python bench/baseline.py
 	$(BIN)/python bench/kv_routing.py
+	$(BIN)/python bench/kv_conversations.py $(if $(BASELINE_PYTHON),--baseline-python $(BASELINE_PYTHON))
 	$(BIN)/python bench/kv_ingest.py
 	$(BIN)/python bench/route_decision.py
 	$(BIN)/python bench/load.py --with-smg
