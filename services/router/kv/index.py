@@ -321,6 +321,18 @@ class KvIndex:
         masks = self._masks[tier]
         bit = w.bit
         counters.blocks_stored += n
+        if own_of.keys().isdisjoint(engine_hashes) and refs.keys().isdisjoint(owns):
+            # The common case, new blocks of new content for this worker: dict operations
+            # done in C, not per block in Python.
+            own_of.update(zip(engine_hashes, owns, strict=True))
+            refs.update(dict.fromkeys(owns, 1))
+            if masks.keys().isdisjoint(owns):  # and no worker holds them yet
+                masks.update(dict.fromkeys(owns, bit))
+            else:
+                get = masks.get
+                for own in owns:
+                    masks[own] = get(own, 0) | bit
+            return
         for engine_hash, own in zip(engine_hashes, owns, strict=True):
             previous = own_of.get(engine_hash)
             if previous is not None:
@@ -351,15 +363,32 @@ class KvIndex:
         copies = state.copies
         masks = self._masks[tier]
         bit = w.bit
-        for engine_hash in record.block_hashes:
-            if copies:
-                extra = copies.get(engine_hash)
-                if extra is not None:  # one physical copy goes, the block stays
-                    if extra > 1:
-                        copies[engine_hash] = extra - 1
-                    else:
-                        del copies[engine_hash]
+        if not copies:
+            pop = own_of.pop
+            refs = state.refs
+            keep = ~bit
+            for own in [pop(h, None) for h in record.block_hashes]:
+                if own is None:  # unknown: a block we skipped, or never saw stored
                     continue
+                count = refs[own] - 1
+                if count:
+                    refs[own] = count
+                    continue
+                del refs[own]
+                mask = masks[own] & keep
+                if mask:
+                    masks[own] = mask
+                else:
+                    del masks[own]
+            return
+        for engine_hash in record.block_hashes:
+            extra = copies.get(engine_hash)
+            if extra is not None:  # one physical copy goes, the block stays
+                if extra > 1:
+                    copies[engine_hash] = extra - 1
+                else:
+                    del copies[engine_hash]
+                continue
             own = own_of.pop(engine_hash, None)
             if own is not None:  # unknown: a block we skipped, or never saw stored
                 self._release(state, masks, bit, own)
