@@ -79,3 +79,16 @@ def test_hotspots_cpu_only_tiny(tmp_path: Path) -> None:
     assert "24 requests at concurrency 4" in done.stdout
     assert "CPU seconds per 1000 requests: stack" in done.stdout
     assert "preprocessor threads:" in done.stdout
+
+
+def test_kv_conversations_bench_tiny(tmp_path: Path) -> None:
+    out = tmp_path / "kv_conversations.md"
+    run_bench(
+        "kv_conversations.py", "--fleets", "sglang", "--concurrency", "2", "--conversations",
+        "2", "--turns", "2", "--no-bursts", "--prefill-ms-per-token", "0.05", "--out", str(out),
+    )  # fmt: skip
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| sglang")]
+    modes = [row.split("|")[3].strip() for row in rows]
+    assert modes == ["kv", "round_robin", "one engine", "best possible"]
+    for row in rows:
+        assert row.split("|")[4].strip().endswith("%"), row

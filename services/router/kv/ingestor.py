@@ -239,12 +239,14 @@ class KvIngestor:
             self.silent[iid] = why
             newly.append(iid)
             log.warning(
-                "no KV events from instance_id=%d %s after %.0f s of routing to it: %s; "
-                "KV-aware routing cannot see its cache",
+                "no KV events from instance_id=%d %s (%s): KV-aware routing cannot see its "
+                "cache",
                 iid,
                 running.instance.url,
-                self.silence_after,
-                why,
+                why
+                if grpc is not None and grpc.unimplemented
+                else f"{why}, {self.silence_after:.0f} s after the router first sent it a "
+                "request",
             )
         return newly
 

@@ -10,6 +10,7 @@ from switchyard.router.kv.index import KvIndex
 from switchyard.router.kv.ingestor import KvIngestor, ListenerSpec, SourceSpec, source_spec
 from switchyard.router.kv.stream import KvStream
 from switchyard.router.kv.tests.wire import chain_events, free_port, until
+from switchyard.router.kv.types import Stored
 
 BS = 4
 PROMPT = list(range(1, 17))
@@ -97,9 +98,6 @@ class TestLifecycle:
     async def test_source_starts_from_an_empty_view(self, ingestor, make_publisher):
         pub = make_publisher()
         ing = ingestor()
-        ing.index.apply_batch(W1, [])
-        from switchyard.router.kv.types import Stored
-
         ing.index.apply_batch(W1, [Stored([1], None, PROMPT[:4], BS)])
         ing.apply_events([InstanceAdded(instance(1, pub))])
         assert ing.index.size(W1) == 0
