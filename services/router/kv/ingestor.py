@@ -239,14 +239,12 @@ class KvIngestor:
             self.silent[iid] = why
             newly.append(iid)
             log.warning(
-                "no KV events from instance_id=%d %s (%s): KV-aware routing cannot see its "
-                "cache",
+                "no KV events from instance_id=%d %s (%s): KV-aware routing cannot see its cache",
                 iid,
                 running.instance.url,
                 why
                 if grpc is not None and grpc.unimplemented
-                else f"{why}, {self.silence_after:.0f} s after the router first sent it a "
-                "request",
+                else f"{why}, {self.silence_after:.0f} s after the router first sent it a request",
             )
         return newly
 

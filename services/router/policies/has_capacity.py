@@ -31,18 +31,22 @@ class HasCapacity:
     def __init__(self, params: HasCapacityParams, deps: PluginDeps) -> None:
         self.params = params
 
-    def at_capacity(self, ctx: RouteContext, w: Worker) -> bool:
-        window = w.max_running()
-        report = ctx.engine_report(w)
-        if report is not None:
-            queued = report.waiting > 0
-            if report.kv_usage >= self.params.kv_full and queued:
-                return True
-            running = max(report.running + report.waiting, w.load.in_flight)
-        else:
-            running = w.load.in_flight
-        return window > 0 and running >= window
-
     def filter(self, ctx: RouteContext, workers: list[Worker]) -> list[Worker]:
-        room = [w for w in workers if not self.at_capacity(ctx, w)]
+        full = self.params.kv_full
+        now, stale = ctx.now, ctx.engine_stale_s
+        room = []
+        for w in workers:
+            engine = w.engine
+            window = engine.max_running or w.instance.max_running_requests
+            in_flight = w.load.in_flight
+            if engine.at >= 0 and now - engine.at <= stale:  # a fresh report
+                if engine.waiting > 0 and engine.kv_usage >= full:
+                    continue
+                running = engine.running + engine.waiting
+                if in_flight > running:
+                    running = in_flight
+            else:
+                running = in_flight
+            if window <= 0 or running < window:
+                room.append(w)
         return room if room else workers

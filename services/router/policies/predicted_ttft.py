@@ -37,10 +37,12 @@ class PredictedTtft:
         prompt = ctx.prompt_tokens
         explain = ctx.explain
         costs = []
+        speed_of = time.speed
+        now, stale = ctx.now, ctx.engine_stale_s
         for w, (cached, pending) in zip(
             workers, cached_tokens_all(ctx, workers, offload), strict=True
         ):
-            speed = time.speed(w.key)
+            speed = speed_of(w.key)
             per_token = speed.slope
             uncached = prompt - cached
             if not w.instance.local_prefill:
@@ -48,8 +50,8 @@ class PredictedTtft:
             load = w.load
             queued = load.prefill_tokens
             running = load.in_flight - load.in_prefill
-            report = ctx.engine_report(w)
-            if report is not None:
+            report = w.engine
+            if report.at >= 0 and now - report.at <= stale:  # a fresh engine report
                 if report.waiting_uncached_tokens is not None:
                     queued = max(queued, report.waiting_uncached_tokens)
                 running = max(running, report.running)
