@@ -215,6 +215,17 @@ def main() -> int:
     parser.add_argument("--prefill-ms-per-token", type=float, default=0.4)
     parser.add_argument("--baseline-python", default=None, help="the previous checkout's python")
     parser.add_argument("--no-bursts", action="store_true")
+    parser.add_argument(
+        "--modes",
+        default="kv,round_robin",
+        help="comma-separated: kv, round_robin (and the "
+        "previous router's kv with --baseline-python)",
+    )
+    parser.add_argument(
+        "--no-reference",
+        action="store_true",
+        help="skip the one-engine and best-possible runs (shares print as n/a)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--out", default=str(Path(__file__).parent / "results" / "kv_conversations.md")
@@ -230,9 +241,9 @@ def main() -> int:
     ]
     unbounded = [*mock, "--num-blocks=1000000"]
     me = sys.executable
+    wanted = args.modes.split(",")
     modes: list[tuple[str, str, list[str]]] = [
-        ("kv", me, ["--router-mode", "kv"]),
-        ("round_robin", me, ["--router-mode", "round_robin"]),
+        (m, me, ["--router-mode", m]) for m in ("kv", "round_robin") if m in wanted
     ]
     if args.baseline_python:
         modes.append(("previous kv", args.baseline_python, ["--router-mode", "kv"]))
@@ -257,27 +268,32 @@ def main() -> int:
     for fleet in args.fleets.split(","):
         engines = FLEETS[fleet]
         single = engines.split(",")[0]
-        with stack(me, single, unbounded, ["--router-mode", "kv"]) as base:
-            best = hit(asyncio.run(run(base, 1)))
+        best = one = float("nan")
+        if not args.no_reference:
+            with stack(me, single, unbounded, ["--router-mode", "kv"]) as base:
+                best = hit(asyncio.run(run(base, 1)))
         for load in loads:
-            with stack(me, single, mock, ["--router-mode", "kv"]) as base:
-                one = hit(asyncio.run(run(base, load)))
+            if not args.no_reference:
+                with stack(me, single, mock, ["--router-mode", "kv"]) as base:
+                    one = hit(asyncio.run(run(base, load)))
             rows = {}
             for name, python, up in modes:
                 with stack(python, engines, mock, up) as base:
                     results = asyncio.run(run(base, load))
                 rows[name] = (hit(results), *ttfts(results))
                 print(f"{fleet} c{load} {name}: done", file=sys.stderr)
-            rr_mean = rows["round_robin"][1]
+            rr_mean = rows["round_robin"][1] if "round_robin" in rows else float("nan")
             for name, (rate, mean, p90) in rows.items():
                 lines.append(
                     f"| {fleet} | {load} | {name} | {rate:.1%} | {rate / one:.0%} | "
                     f"{rate / best:.0%} | {mean:.0f} | {p90:.0f} | {mean / rr_mean:.2f} |"
                 )
-            lines.append(
-                f"| {fleet} | {load} | one engine | {one:.1%} | 100% | {one / best:.0%} | | | |"
-            )
-        lines.append(f"| {fleet} | 1 | best possible | {best:.1%} | | 100% | | | |")
+            if not args.no_reference:
+                lines.append(
+                    f"| {fleet} | {load} | one engine | {one:.1%} | 100% | {one / best:.0%} | | | |"
+                )
+        if not args.no_reference:
+            lines.append(f"| {fleet} | 1 | best possible | {best:.1%} | | 100% | | | |")
     if not args.no_bursts:
         lines += [
             "",
