@@ -1,93 +1,117 @@
-"""Pending bookings: prompt blocks the router sent to a worker that the engine has not
+"""Pending bookings: prompts the router sent to a worker whose blocks the engine has not
 reported storing yet.
 
-The first request of a new prefix books its blocks on its worker at once, before the engine
-has prefilled them and published its events; requests sharing the prefix that arrive before
-that prefill ends see the booking (and, in the time model, the prefill they would wait for
-there), so a burst does not prefill the same prefix on every engine. A booking expires after
-`ttl` seconds; by then the engine's own events have told the index. Only what the worker
-does not already hold or have booked is booked (`add(..., start)`), so a conversation's next
-turn books its new blocks only.
+The first request of a new prefix books its prompt's blocks on its worker at once, before the
+engine has prefilled them and published its events; requests sharing the prefix that arrive
+before that prefill ends see the booking (and, in the time model, the prefill they would wait
+for there), so a burst does not prefill the same prefix on every engine. A booking expires
+after `ttl` seconds; by then the engine's own events have told the index.
 
-Layout: the masks live in the KV index's bit space (router hash -> bitmask of the workers
-with a booking of it), so the index walks device blocks and bookings in one pass
-(`KvIndex.overlaps_with`); expiry is a single queue in booking order (one TTL for all),
-consumed as it comes due.
+Layout, for a cheap hot path: a booking is the prompt's hashes packed as bytes (8 per block),
+filed under its first block's hash and its worker; booking costs one packing, whatever is
+already booked. A lookup compares the request's packed hashes with the few bookings filed
+under its first block (a binary search of memcmp prefix tests). Per (first block, worker)
+only the `per_worker` most recent bookings are kept, and a booking that extends an older one
+(a conversation's next turn) replaces it. Expiry is one queue in booking order (one TTL).
 """
 
 from __future__ import annotations
 
 import collections
+from array import array
 from collections.abc import Sequence
 
-from switchyard.router.kv.index import KvIndex
 from switchyard.router.types import WorkerKey
 
 
+def pack(hashes: Sequence[int]) -> bytes:
+    return array("Q", hashes).tobytes()
+
+
+def common_prefix(a: bytes, b: bytes) -> int:
+    """How many leading hashes two packed hash strings share."""
+    low, high = 0, min(len(a), len(b)) // 8
+    view = memoryview(b)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a.startswith(view[: mid * 8]):  # memcmp, no copy
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
 class Bookings:
-    def __init__(
-        self, index: KvIndex, ttl: float = 10.0, max_blocks_per_worker: int = 200_000
-    ) -> None:
+    def __init__(self, ttl: float = 10.0, per_worker: int = 4) -> None:
         if not ttl >= 0:
             raise ValueError(f"ttl must be >= 0, got {ttl}")
-        if max_blocks_per_worker < 1:
-            raise ValueError(f"max_blocks_per_worker must be >= 1, got {max_blocks_per_worker}")
-        self.index = index
+        if per_worker < 1:
+            raise ValueError(f"per_worker must be >= 1, got {per_worker}")
         self.ttl = ttl
-        self.max_blocks = max_blocks_per_worker
-        self.masks: dict[int, int] = {}
-        self._entries: dict[WorkerKey, dict[int, float]] = {}  # worker -> {hash: expiry}
-        self._bits: dict[WorkerKey, int] = {}
-        self._due: collections.deque[tuple[float, WorkerKey, int]] = collections.deque()
+        self.per_worker = per_worker
+        # first block hash -> worker -> [(packed hashes, expiry)], most recent first
+        self._filed: dict[int, dict[WorkerKey, list[tuple[bytes, float]]]] = {}
+        self._due: collections.deque[tuple[float, int, WorkerKey, bytes]] = collections.deque()
 
-    def add(self, worker: WorkerKey, hashes: Sequence[int], now: float, start: int = 0) -> None:
-        """Book hashes[start:] on the worker (hashes[:start] are held or booked already)."""
-        if start >= len(hashes) or self.ttl == 0:
+    def __bool__(self) -> bool:
+        return bool(self._filed)
+
+    def add(self, worker: WorkerKey, hashes: Sequence[int], now: float) -> None:
+        if not hashes or self.ttl == 0:
             return
-        entries = self._entries.get(worker)
-        if entries is None:
-            entries = self._entries[worker] = {}
-            self._bits[worker] = self.index.bit(worker)
-        bit = self._bits[worker]
-        masks = self.masks
         expiry = now + self.ttl
-        due = self._due
-        for i in range(start, len(hashes)):
-            h = hashes[i]
-            if entries.pop(h, None) is None:
-                masks[h] = masks.get(h, 0) | bit
-            entries[h] = expiry  # re-inserted at the end: the dict stays in expiry order
-            due.append((expiry, worker, h))
-        while len(entries) > self.max_blocks:
-            self._drop(worker, next(iter(entries)))
+        first = hashes[0]
+        packed = pack(hashes)
+        by_worker = self._filed.setdefault(first, {})
+        filed = by_worker.setdefault(worker, [])
+        # Drop what this booking covers: an older prompt it extends, the same prompt again.
+        filed[:] = [(h, e) for h, e in filed if not packed.startswith(h)][: self.per_worker - 1]
+        filed.insert(0, (packed, expiry))
+        self._due.append((expiry, first, worker, packed))
 
     def overlaps(self, hashes: Sequence[int], now: float) -> dict[WorkerKey, int]:
-        """worker -> leading blocks of `hashes` held on the device or booked there."""
+        """worker -> leading blocks of `hashes` booked on it (absent when none)."""
         self.expire(now)
-        return self.index.overlaps_with(hashes, self.masks)
+        result: dict[WorkerKey, int] = {}
+        if not hashes:
+            return result
+        by_worker = self._filed.get(hashes[0])
+        if not by_worker:
+            return result
+        packed = pack(hashes)
+        for worker, filed in by_worker.items():
+            best = 0
+            for booked, _ in filed:
+                depth = common_prefix(packed, booked)
+                if depth > best:
+                    best = depth
+            result[worker] = best
+        return result
 
     def expire(self, now: float) -> None:
         due = self._due
         while due and due[0][0] <= now:
-            expiry, worker, h = due.popleft()
-            entries = self._entries.get(worker)
-            if entries is not None and entries.get(h) == expiry:  # not re-booked since
-                self._drop(worker, h)
+            expiry, first, worker, packed = due.popleft()
+            by_worker = self._filed.get(first)
+            if by_worker is None:
+                continue
+            filed = by_worker.get(worker)
+            if filed is None:
+                continue
+            filed[:] = [(h, e) for h, e in filed if not (h is packed and e == expiry)]
+            if not filed:
+                del by_worker[worker]
+                if not by_worker:
+                    del self._filed[first]
 
     def drop_instance(self, instance_id: int) -> None:
-        for worker in [w for w in self._entries if w[0] == instance_id]:
-            for h in list(self._entries[worker]):
-                self._drop(worker, h)
-            del self._entries[worker]
-            del self._bits[worker]
+        for first in list(self._filed):
+            by_worker = self._filed[first]
+            for worker in [w for w in by_worker if w[0] == instance_id]:
+                del by_worker[worker]
+            if not by_worker:
+                del self._filed[first]
 
     def size(self, worker: WorkerKey) -> int:
-        return len(self._entries.get(worker, ()))
-
-    def _drop(self, worker: WorkerKey, h: int) -> None:
-        del self._entries[worker][h]
-        mask = self.masks[h] & ~self._bits[worker]
-        if mask:
-            self.masks[h] = mask
-        else:
-            del self.masks[h]
+        """Bookings held for a worker."""
+        return sum(len(by_worker.get(worker, ())) for by_worker in self._filed.values())

@@ -39,7 +39,7 @@ from switchyard.router.policies import build_profile
 from switchyard.router.prefix import cached_tokens
 from switchyard.router.prompt_hashes import PromptHashes
 from switchyard.router.timing import TimeModel
-from switchyard.router.types import Needs, PluginDeps, RouteContext, Worker
+from switchyard.router.types import Needs, PluginDeps, RouteContext, Worker, WorkerKey
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class RouterCore:
         self.tracker = tracker or InFlightTracker()
         self.index = index or KvIndex()
         self.engine_loads = engine_loads or EngineLoads()
-        self.bookings = bookings or Bookings(self.index, self.config.booking_ttl_s)
+        self.bookings = bookings or Bookings(self.config.booking_ttl_s)
         self.prompt_hashes = PromptHashes()
         self.time = TimeModel(self.config.time)
         self.stats = stats or PluginStats()
@@ -220,7 +220,9 @@ class RouterCore:
             ctx.hashes[size] = hashes
             ctx.prompt_blocks = max(ctx.prompt_blocks, len(hashes))
             found = index.overlaps(hashes)
-            booked = bookings.overlaps(hashes, now) if bookings.masks else found
+            booked = (
+                self._held_or_booked(found, bookings.overlaps(hashes, now)) if (bookings) else found
+            )
             if offloaded:
                 more = index.overlaps_any_tier(hashes)
             if len(sizes) == 1:
@@ -239,6 +241,19 @@ class RouterCore:
                     if offloaded and key in more:
                         ctx.any_tier_blocks[key] = more[key]
 
+    @staticmethod
+    def _held_or_booked(
+        held: dict[WorkerKey, int], booked: dict[WorkerKey, int]
+    ) -> dict[WorkerKey, int]:
+        """Per worker, the leading blocks held or booked (bookings start at block 0)."""
+        if not booked:
+            return held
+        merged = dict(held)
+        for key, depth in booked.items():
+            if depth > merged.get(key, 0):
+                merged[key] = depth
+        return merged
+
     def _needs_hop(self, ctx: RouteContext, chosen: Worker) -> bool:
         """False when the decode worker can prefill this prompt itself and little of it is
         uncached there (the hop would cost more than it saves)."""
@@ -251,12 +266,7 @@ class RouterCore:
         request = ctx.request
         prompt = ctx.prompt_tokens
         if ctx.hashes:
-            self.bookings.add(
-                chosen.key,
-                ctx.hashes.get(chosen.instance.block_size, ()),
-                now,
-                start=ctx.pending_blocks.get(chosen.key, 0),
-            )
+            self.bookings.add(chosen.key, ctx.hashes.get(chosen.instance.block_size, ()), now)
         uncached = (
             prompt - int(cached_tokens(ctx, chosen, self._offload_weight)[0])
             if (ctx.hashes)
@@ -273,12 +283,7 @@ class RouterCore:
         )
         if hop is not None:
             if ctx.hashes:
-                self.bookings.add(
-                    hop.key,
-                    ctx.hashes.get(hop.instance.block_size, ()),
-                    now,
-                    start=ctx.pending_blocks.get(hop.key, 0),
-                )
+                self.bookings.add(hop.key, ctx.hashes.get(hop.instance.block_size, ()), now)
             hop_uncached = (
                 prompt - int(cached_tokens(ctx, hop, self._offload_weight)[0])
                 if (ctx.hashes)

@@ -177,19 +177,6 @@ class KvIndex:
     def has_offloaded(self) -> bool:
         return bool(self._masks[OFFLOADED])
 
-    def overlaps_with(
-        self, request_block_hashes: Sequence[int], extra: dict[int, int]
-    ) -> dict[WorkerKey, int]:
-        """worker -> leading blocks held on the device or marked in `extra`, a mask table in
-        this index's bit space (`bit`): the router's pending bookings."""
-        if not extra:
-            return self.overlaps(request_block_hashes)
-        return self._walk(request_block_hashes, self._masks[DEVICE], extra)
-
-    def bit(self, worker: WorkerKey) -> int:
-        """The worker's bit in the mask tables (the worker is created if unknown)."""
-        return self._worker(worker).bit
-
     def _walk(
         self, hashes: Sequence[int], masks: dict[int, int], extra: dict[int, int] | None
     ) -> dict[WorkerKey, int]:

@@ -1,60 +1,68 @@
 import pytest
 
-from switchyard.router.bookings import Bookings
-from switchyard.router.kv.index import KvIndex
-from switchyard.router.kv.types import Stored
+from switchyard.router.bookings import Bookings, common_prefix, pack
 
 A, B = (1, 0), (2, 1)
 
 
-def bookings(ttl=10.0, **kw):
-    return Bookings(KvIndex(), ttl, **kw)
-
-
 class TestBookings:
     def test_leading_blocks_booked_per_worker(self):
-        b = bookings()
+        b = Bookings()
         b.add(A, [1, 2, 3], now=0)
         b.add(B, [1, 2], now=0)
         assert b.overlaps([1, 2, 3, 4], now=1) == {A: 3, B: 2}
+        assert b.overlaps([1, 5], now=1) == {A: 1, B: 1}
         assert b.overlaps([9, 1], now=1) == {}
 
-    def test_held_blocks_and_bookings_walk_together(self):
-        b = bookings()
-        tokens = list(range(8))
-        b.index.apply_batch(A, [Stored([100], None, tokens[:4], 4)])
-        from switchyard.common.block_hash import block_hashes
+    def test_the_longest_of_a_workers_bookings_counts(self):
+        b = Bookings()
+        b.add(A, [1, 2, 3, 4], now=0)
+        b.add(A, [1, 2, 7], now=0)
+        assert b.overlaps([1, 2, 3, 9], now=1) == {A: 3}
+        assert b.overlaps([1, 2, 7, 9], now=1) == {A: 3}
 
-        hashes = block_hashes(tokens, 4)
-        b.add(A, hashes, now=0, start=1)  # the first block is held: only the second booked
+    def test_a_next_turn_replaces_the_turn_it_extends(self):
+        b = Bookings()
+        b.add(A, [1, 2], now=0)
+        b.add(A, [1, 2, 3], now=1)
         assert b.size(A) == 1
-        assert b.overlaps(hashes, now=1) == {A: 2}
+        assert b.overlaps([1, 2, 3], now=2) == {A: 3}
 
     def test_expiry(self):
-        b = bookings()
+        b = Bookings(ttl=10)
         b.add(A, [1, 2], now=0)
-        b.add(A, [1], now=5)  # re-booked: lives on
-        assert b.overlaps([1, 2], now=10) == {A: 1}
+        b.add(A, [1, 3], now=5)
+        assert b.overlaps([1, 2], now=10) == {A: 1}  # the first one expired
         assert b.overlaps([1, 2], now=15) == {}
-        assert b.size(A) == 0
+        assert b.size(A) == 0 and not b
+
+    def test_per_worker_cap(self):
+        b = Bookings(per_worker=2)
+        for tail in (5, 6, 7):
+            b.add(A, [1, tail], now=0)
+        assert b.size(A) == 2
+        assert b.overlaps([1, 5], now=1) == {A: 1}
 
     def test_drop_instance(self):
-        b = bookings()
+        b = Bookings()
         b.add(A, [1, 2], now=0)
+        b.add(B, [1, 2], now=0)
         b.drop_instance(1)
-        b.add((3, 0), [1], now=0)
-        assert b.overlaps([1, 2], now=1) == {(3, 0): 1}
-
-    def test_cap_per_worker_drops_the_oldest(self):
-        b = bookings(max_blocks_per_worker=2)
-        b.add(A, [1, 2, 3], now=0)
-        assert b.size(A) == 2
+        assert b.overlaps([1, 2], now=1) == {B: 2}
 
     def test_ttl_zero_books_nothing(self):
-        b = bookings(ttl=0)
+        b = Bookings(ttl=0)
         b.add(A, [1], now=0)
         assert b.overlaps([1], now=0) == {}
 
     def test_bad_config(self):
         with pytest.raises(ValueError):
-            bookings(ttl=-1)
+            Bookings(ttl=-1)
+
+
+def test_common_prefix():
+    assert common_prefix(pack([1, 2, 3]), pack([1, 2, 4])) == 2
+    assert common_prefix(pack([1, 2]), pack([1, 2, 3])) == 2
+    assert common_prefix(pack([]), pack([1])) == 0
+    assert common_prefix(pack([5]), pack([1])) == 0
+    assert common_prefix(pack([2**64 - 1, 7]), pack([2**64 - 1, 7])) == 2
