@@ -19,6 +19,8 @@ import openai
 import pytest
 from e2e_stack import LOCAL, Processes, wait_until
 
+from switchyard.common.ports import wildcard_endpoint
+
 MODEL = "deepseek-mock"
 STREAMS = 32
 MAX_TOKENS = 40
@@ -78,8 +80,10 @@ def chaos_stack(
         for n, protocol in enumerate(protocols):
             name = f"engine-{n}"
             r = started[name].result()
+            # a restart binds the same ports (a named host would make the publisher connect)
+            events = wildcard_endpoint(r["kv_events"])
             engines[name] = engine_argv(
-                protocol, engine_args.get(n, ()), r["port"], r["kv_events"], r["kv_replay"]
+                protocol, engine_args.get(n, ()), r["port"], events, r["kv_replay"]
             )
             workers += [
                 "--worker",
