@@ -15,6 +15,7 @@ from switchyard.common.loop_histogram import HistogramSeries, LoopHistogram
 STAGES = (
     "parse",
     "template",
+    "outputs",
     "tokenize",
     "check",
     "route",
