@@ -169,7 +169,14 @@ class TestErrors:
 
     @pytest.mark.parametrize(
         "field,value",
-        [("temperature", -1), ("temperature", 3), ("top_p", 0), ("top_p", 1.5), ("n", 2)],
+        [
+            ("temperature", -1),
+            ("temperature", 3),
+            ("top_p", 0),
+            ("top_p", 1.5),
+            ("n", 0),
+            ("n", 129),
+        ],
     )
     def test_bad_sampling_values(self, client, field, value):
         with pytest.raises(openai.BadRequestError):

@@ -119,7 +119,7 @@ class EmbeddingRequest:
 def parse_embeddings(body: bytes) -> EmbeddingRequest:
     raw: schema.EmbeddingsBody = _decode(schema.EMBEDDINGS_DECODER, body)
     try:
-        inputs = _prompts(raw.input)
+        inputs = _prompts(raw.input, schema.MAX_EMBED_BATCH)
     except InvalidRequestError as exc:
         param = (exc.param or "").replace("prompt", "input", 1)
         raise InvalidRequestError(
@@ -476,7 +476,9 @@ def _tool_choice(
     return msgspec.to_builtins(choice)
 
 
-def _prompts(prompt: str | list[Any]) -> tuple[str | tuple[int, ...], ...]:
+def _prompts(
+    prompt: str | list[Any], max_batch: int = schema.MAX_BATCH
+) -> tuple[str | tuple[int, ...], ...]:
     if type(prompt) is str:
         if not prompt:
             raise InvalidRequestError("'prompt' must not be empty.", INVALID_VALUE, "prompt")
@@ -487,6 +489,12 @@ def _prompts(prompt: str | list[Any]) -> tuple[str | tuple[int, ...], ...]:
             if type(t) is not int:
                 raise _mixed(f"prompt[{i}]", "a list of token ids must hold only integers")
         return (tuple(prompt),)
+    if len(prompt) > max_batch:
+        raise InvalidRequestError(
+            f"'prompt' holds {len(prompt)} prompts; at most {max_batch} go in one request.",
+            INVALID_VALUE,
+            "prompt",
+        )
     kind = type(first)
     out: list[str | tuple[int, ...]] = []
     for i, item in enumerate(prompt):

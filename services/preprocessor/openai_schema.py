@@ -237,7 +237,11 @@ class ChatCompletionBody(
 PromptIds = Annotated[list[TokenId], Meta(min_length=1)]
 # A string, token ids, or a batch of either: msgspec takes one array type per union, so the
 # shape of a list (all ids, all strings, all id lists) is checked in openai_requests.
-Prompt = str | Annotated[list[str | TokenId | PromptIds], Meta(min_length=1, max_length=256)]
+# One prompt as token ids, or a batch of strings / id lists: the batch bound (MAX_BATCH) is checked
+# by the parser, since a single prompt's ids are not a batch.
+MAX_BATCH = 256
+MAX_EMBED_BATCH = 2048
+Prompt = str | Annotated[list[str | TokenId | PromptIds], Meta(min_length=1)]
 
 
 class CompletionBody(
@@ -253,7 +257,7 @@ class CompletionBody(
 class EmbeddingsBody(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     model: NonEmptyStr
     # A string, token ids, or a batch of either (the shape is checked in openai_requests).
-    input: str | Annotated[list[str | TokenId | PromptIds], Meta(min_length=1, max_length=2048)]
+    input: str | Annotated[list[str | TokenId | PromptIds], Meta(min_length=1)]
     encoding_format: Literal["float", "base64"] | None = None
     dimensions: PositiveInt32 | None = None
     user: str | None = None

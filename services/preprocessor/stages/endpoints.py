@@ -92,7 +92,7 @@ async def run_stages(ctx: RequestContext, stages: tuple[Stage, ...]) -> None:
         result = stage.run(ctx)
         if inspect.isawaitable(result):
             await result
-        if timer is not None and stage.name != "model":
+        if timer is not None:
             timer.add(stage.name, time.perf_counter() - t0)
 
 

@@ -325,6 +325,12 @@ class TestCompletion:
         assert parse_completion(completion(prompt=["a", "b"])).prompts == ("a", "b")
         assert parse_completion(completion(prompt=[[1], [2, 3]])).prompts == ((1,), (2, 3))
 
+    def test_the_batch_bound_is_on_prompts_not_on_one_prompts_ids(self) -> None:
+        long_ids = list(range(1000))
+        assert parse_completion(completion(prompt=long_ids)).prompts == (tuple(long_ids),)
+        err = completion_error(completion(prompt=["a"] * 257))
+        assert (err.code, err.param) == ("invalid_value", "prompt")
+
     @pytest.mark.parametrize(
         ("fields", "param"),
         [
