@@ -4,6 +4,8 @@ with data_parallel_rank, out-of-range pins refused, loads and server info per ra
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -19,7 +21,7 @@ from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
 from switchyard.common.ports import free_port
 from switchyard.mock_engine.config import MockEngineConfig, default_tokenizer_dir
 from switchyard.mock_engine.data_parallel import DataParallelEngine
-from switchyard.mock_engine.server import start_mock_engine
+from switchyard.mock_engine.server import MockEngineServer, start_mock_engine
 from switchyard.mock_engine.testing import kv_replay
 from switchyard.mock_engine.tests.test_generation import make_engine
 from switchyard.mock_engine.tokenizer_facts import load_tokenizer_facts
@@ -30,10 +32,14 @@ PROMPT = list(range(200, 216))
 PROMPT_IDS = (100, 200, 300, 400)
 
 
-def config(protocol: str, **overrides: Any) -> MockEngineConfig:
-    pub, replay = free_port(), free_port()
-    while replay in (pub + 1, pub - 1):
-        replay = free_port()
+def config(protocol: str, fixed_ports: bool = False, **overrides: Any) -> MockEngineConfig:
+    """Two ranks; KV sockets on free ports (port 0: each rank binds its own), or with
+    `fixed_ports` at a base port, rank r at base + r, as the engines number them."""
+    pub, replay = 0, 0
+    if fixed_ports:
+        pub, replay = free_port(), free_port()
+        while abs(replay - pub) <= 1:
+            replay = free_port()
     settings: dict[str, Any] = {
         "protocol": protocol,
         "port": 0,
@@ -42,10 +48,29 @@ def config(protocol: str, **overrides: Any) -> MockEngineConfig:
         "dp_size": 2,
         "kv_hash_seed": 3,
         "kv_events_endpoint": f"tcp://*:{pub}",
-        "kv_replay_endpoint": f"tcp://*:{replay + 10}",
+        "kv_replay_endpoint": f"tcp://*:{replay}",
     }
     settings.update(overrides)
     return MockEngineConfig(**settings)
+
+
+@contextlib.asynccontextmanager
+async def engine_on_fixed_ports(protocol: str) -> AsyncIterator[MockEngineServer]:
+    """The engine with base + rank ports; base + 1 may be taken on a shared machine (the
+    ports are only checked free, not held), so a few bases are tried."""
+    for attempt in range(5):
+        server = MockEngineServer(config(protocol, fixed_ports=True))
+        try:
+            await server.start()  # a bind failure leaves nothing running
+        except OSError:
+            if attempt == 4:
+                raise
+            continue
+        break
+    try:
+        yield server
+    finally:
+        await server.stop(1.0)
 
 
 def stub_and_request(protocol: str, channel: grpc.aio.Channel, rid: str, rank: int | None):
@@ -71,7 +96,7 @@ def stub_and_request(protocol: str, channel: grpc.aio.Channel, rid: str, rank: i
 @pytest.mark.parametrize("protocol", ["sglang", "vllm"])
 class TestDataParallel:
     async def test_pinned_request_fills_its_ranks_cache_and_publisher(self, protocol) -> None:
-        async with start_mock_engine(config(protocol)) as server:
+        async with engine_on_fixed_ports(protocol) as server:
             async with grpc.aio.insecure_channel(server.target) as channel:
                 stub, request = stub_and_request(protocol, channel, "a", rank=1)
                 async for _ in stub.Generate(request):
