@@ -70,6 +70,7 @@ clean:
 bench: $(STAMP)
 	$(BIN)/python bench/baseline.py
 	$(BIN)/python bench/kv_routing.py
+	$(BIN)/python bench/kv_conversations.py $(if $(BASELINE_PYTHON),--baseline-python $(BASELINE_PYTHON))
 	$(BIN)/python bench/kv_ingest.py
 	$(BIN)/python bench/parsers.py
 	$(BIN)/python bench/route_decision.py

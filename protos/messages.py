@@ -43,6 +43,9 @@ class Instance(msgspec.Struct, frozen=True, kw_only=True):
     kv_events_endpoint: str | None = None
     kv_replay_endpoint: str | None = None
     max_running_requests: int = 0  # 0 when the engine does not say
+    # Data-parallel ranks: each is its own KV cache and scheduler (KV events on base port +
+    # rank); a request may be pinned to one with GenerateRequest.data_parallel_rank.
+    dp_size: int = 1
     # False when the engine cannot serve a prompt it has to prefill itself (SGLang decode
     # mode, vLLM kv_consumer): the router then never skips the prefill hop for it.
     local_prefill: bool = True
@@ -113,6 +116,7 @@ class RouteRequest(msgspec.Struct, frozen=True, kw_only=True, tag="route"):
     token_ids: list[int]
     exclude: list[int] = []  # instance ids that already failed this request
     dry_run: bool = False  # decide and explain, but book no load (POST /debug/route)
+    session_id: str | None = None  # x-session-id header or the OpenAI `user` field
 
 
 class WorkerScore(msgspec.Struct, frozen=True, kw_only=True):
@@ -124,8 +128,22 @@ class WorkerScore(msgspec.Struct, frozen=True, kw_only=True):
     in_flight: int
     active_blocks: int
     prefill_blocks: int  # blocks this request would prefill there + prefills already queued
-    cost: float
+    cost: float  # the profile's weighted score turned into a cost: lower is better
     role: str = ""  # the candidate's role; "prefill" rows are the prefill hop's candidates
+    dp_rank: int | None = None  # the data-parallel rank (None: the engine has no DP)
+    profile: str = ""  # the routing profile that saw it ("decode" / "prefill")
+    score: float = 0.0  # weighted sum of the plugins' scores (higher is better)
+    scores: dict[str, float] = {}  # plugin name -> its clamped score in [0, 1]
+    filtered_by: str = ""  # the filter that removed this worker (then no scores)
+    # The time model, in milliseconds: predicted time to first token and its parts.
+    ttft_ms: float = 0.0
+    prefill_ms: float = 0.0  # computing the uncached prompt tokens there
+    queue_ms: float = 0.0  # waiting behind the prefills already queued there
+    cached_tokens: int = 0  # prompt tokens expected from its cache (offloaded tiers weighed)
+    pending_tokens: int = 0  # of those, tokens booked by requests not prefilled yet
+    engine_running: int = -1  # the engine's own load report (-1: none yet)
+    engine_waiting: int = -1
+    engine_kv_usage: float = -1.0
 
 
 class RouteResponse(msgspec.Struct, frozen=True, kw_only=True, tag="routed"):
@@ -139,6 +157,10 @@ class RouteResponse(msgspec.Struct, frozen=True, kw_only=True, tag="routed"):
     # Disaggregation: the prefill worker for the prefill hop; None: no hop (aggregated, or the
     # decode worker prefills locally because little of the prompt is uncached there).
     prefill_instance_id: int | None = None
+    # Data-parallel ranks to pin the request to (None: the engine has no DP, or let it pick).
+    dp_rank: int | None = None
+    prefill_dp_rank: int | None = None
+    predicted_ttft_ms: float = 0.0  # the chosen worker's predicted time to first token
 
 
 # RouteProgress stages: the router frees its load bookkeeping with them.
@@ -243,6 +265,7 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True, tag="generate")
     # holds it back by itself when it runs a reasoning parser, and with this false the adapter
     # tells it to constrain from the first token (grammar_from_first_token).
     reasoning: bool = False
+    data_parallel_rank: int | None = None  # pin to this DP rank (None: the engine balances)
 
 
 class EmbedRequest(msgspec.Struct, frozen=True, kw_only=True, tag="embed"):

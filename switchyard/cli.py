@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "dispatcher": ("switchyard.dispatcher.cli", "hold the engine gRPC channels, run generations"),
     "preprocessor": ("switchyard.preprocessor.cli", "serve the OpenAI HTTP API"),
     "mock-engine": ("switchyard.mock_engine.cli", "a CPU engine speaking SGLang or vLLM gRPC"),
+    "kv-proxy": ("switchyard.router.kv.proxy", "fan engines' KV events out to router replicas"),
     "up": ("switchyard.stack", "start the whole local stack (optionally with mock engines)"),
 }
 

@@ -32,6 +32,7 @@ from switchyard.common.ports import (
     add_port_arguments,
     bind_tcp,
     read_ready_file,
+    wildcard_endpoint,
     write_ready_file,
 )
 from switchyard.supervisor import ChildSpec, Supervisor
@@ -314,7 +315,8 @@ class Launcher:
 
         def argv(report: dict[str, Any] | None) -> list[str]:
             port = str(report["port"]) if report else "0"
-            events = report["kv_events"] if report else LOCAL
+            # a restart binds the ports it bound (a named host would make the publisher connect)
+            events = wildcard_endpoint(report["kv_events"]) if report else LOCAL
             replay = report["kv_replay"] if report else LOCAL
             cmd = ["mock-engine", "--protocol", protocol, "--port", port]
             if role is not None:

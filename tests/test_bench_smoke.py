@@ -100,10 +100,26 @@ def test_stages_bench_quick(tmp_path: Path) -> None:
     out = tmp_path / "results"
     run_bench("stages.py", "--quick", "--out-dir", str(out))
     table = (out / "stages.md").read_text()
-    rows = [line for line in table.splitlines() if line.startswith(("| streamed", "| whole"))]
+    lines = table.splitlines()
+    header = next(line for line in lines if line.startswith("| run |"))
+    columns = [c.strip() for c in header.strip("|").split("|")]
+    rows = [line for line in lines if line.startswith(("| streamed", "| whole"))]
     assert len(rows) == 2
     for row in rows:
-        cells = row.strip("|").split("|")
-        parse, template, tokenize = (float(c) for c in cells[1:4])
-        assert parse > 0 and template > 0 and tokenize > 0, row  # the stages were timed
+        cells = dict(zip(columns, (c.strip() for c in row.strip("|").split("|")), strict=True))
+        for stage in ("parse", "template", "tokenize"):
+            assert float(cells[stage]) > 0, row  # the stages were timed
     assert "| cached segments |" in table and "| full encode |" in table
+
+
+def test_kv_conversations_bench_tiny(tmp_path: Path) -> None:
+    out = tmp_path / "kv_conversations.md"
+    run_bench(
+        "kv_conversations.py", "--fleets", "sglang", "--concurrency", "2", "--conversations",
+        "2", "--turns", "2", "--no-bursts", "--modes", "kv", "--no-reference",
+        "--prefill-ms-per-token", "0.05", "--out", str(out),
+    )  # fmt: skip
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| sglang")]
+    assert [row.split("|")[3].strip() for row in rows] == ["kv"]
+    cells = [c.strip() for c in rows[0].split("|")[1:-1]]
+    assert cells[3].endswith("%") and float(cells[6]) > 0, rows[0]  # hit rate, TTFT mean

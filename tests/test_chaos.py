@@ -19,6 +19,8 @@ import openai
 import pytest
 from e2e_stack import LOCAL, Processes, wait_until
 
+from switchyard.common.ports import wildcard_endpoint
+
 MODEL = "deepseek-mock"
 STREAMS = 32
 MAX_TOKENS = 40
@@ -32,6 +34,17 @@ class Stack:
 
     def restart(self, name: str) -> None:
         self.procs.serve(name, *self.engines[name])
+
+    def busiest_engine(self) -> str:
+        """The engine with the most streams in flight, as the router counts them. Faults go
+        there: KV routing with learned speeds may leave an engine idle in a second run (its
+        predicted TTFT a few ms above the others'), and a fault must hit streams."""
+        workers = models_instances(self.base)
+        assert workers, "no routable engine"
+        busiest = max(workers, key=lambda w: w["in_flight"])
+        assert busiest["in_flight"] > 0, workers
+        port = busiest["url"].rsplit(":", 1)[1]
+        return next(name for name, argv in self.engines.items() if argv[4] == port)
 
 
 def engine_argv(protocol: str, extra=(), port=0, events=LOCAL, replay=LOCAL) -> list[str]:
@@ -78,8 +91,10 @@ def chaos_stack(
         for n, protocol in enumerate(protocols):
             name = f"engine-{n}"
             r = started[name].result()
+            # a restart binds the same ports (a named host would make the publisher connect)
+            events = wildcard_endpoint(r["kv_events"])
             engines[name] = engine_argv(
-                protocol, engine_args.get(n, ()), r["port"], r["kv_events"], r["kv_replay"]
+                protocol, engine_args.get(n, ()), r["port"], events, r["kv_replay"]
             )
             workers += [
                 "--worker",
@@ -218,7 +233,7 @@ def test_engine_killed_mid_stream():
         killed_at = []
 
         def kill_engine():
-            stack.procs.kill("engine-0")
+            stack.procs.kill(stack.busiest_engine())
             killed_at.append(time.monotonic())
 
         got = asyncio.run(run_streams(stack.base, fault=kill_engine))
@@ -269,13 +284,17 @@ def test_frozen_engine_streams_migrate(noticed_by, preprocessor_args, dispatcher
     ) as stack:
         expected = asyncio.run(run_streams(stack.base))
 
+        frozen: list[str] = []
+
         def freeze_engine():
-            stack.procs.signal("engine-0", signal.SIGSTOP)
+            frozen.append(stack.busiest_engine())
+            stack.procs.signal(frozen[0], signal.SIGSTOP)
 
         try:
             got = asyncio.run(run_streams(stack.base, fault=freeze_engine, timeout=30))
         finally:
-            stack.procs.signal("engine-0", signal.SIGCONT)
+            for name in frozen:
+                stack.procs.signal(name, signal.SIGCONT)
         check_identical(expected, got)
         if noticed_by == "gap timeout":
             assert "no reply for 1s" in stack.procs.log("preprocessor")

@@ -145,6 +145,14 @@ def tcp_endpoint_port(endpoint: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
+def wildcard_endpoint(endpoint: str) -> str:
+    """`tcp://host:port` as `tcp://*:port` (other endpoints unchanged): how a KV-event
+    publisher is told to bind a port it bound before, since the engines' rule makes a
+    publisher whose endpoint names a host connect to it instead."""
+    parsed = tcp_endpoint_port(endpoint)
+    return f"tcp://*:{parsed[1]}" if parsed is not None else endpoint
+
+
 def zmq_bind(sock: Any, endpoint: str, ports: PortRange | None = None) -> str:
     """Bind a ZMQ socket; `tcp://host:0` searches the range. Returns the bound endpoint."""
     import zmq

@@ -60,6 +60,7 @@ def build_instance(spec: WorkerSpec, info: EngineInfo, any_listed_prefill: bool)
         max_running_requests=info.max_running_requests,
         local_prefill=info.local_prefill,
         is_generation=info.is_generation,
+        dp_size=info.dp_size,
     )
 
 

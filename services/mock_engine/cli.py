@@ -62,13 +62,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "GPU without chunked prefill: what prefill/decode disaggregation avoids)",
     )
     parser.add_argument("--speedup", type=float, default=1.0, help="divides every delay")
+    parser.add_argument(
+        "--dp-size",
+        type=int,
+        default=1,
+        help="data-parallel ranks: each its own prefix cache, scheduler and KV publisher "
+        "(pinned with GenerateRequest.data_parallel_rank)",
+    )
     parser.add_argument("--role", choices=[r.value for r in cfg.Role], default=cfg.Role.BOTH.value)
     parser.add_argument("--log-level", default="INFO", choices=cfg.LOG_LEVELS, type=str.upper)
     kv = parser.add_argument_group("KV events (the engines' ZMQ publisher, and SubscribeKvEvents)")
     kv.add_argument(
         "--kv-events-endpoint",
         default=None,
-        help="ZMQ PUB to bind, e.g. tcp://*:5557; off if unset",
+        help="ZMQ PUB: bound for a wildcard host (tcp://*:5557), connected for a named one "
+        "(tcp://router:5557), as the engines do; port 0 binds a free port (reported as "
+        "kv_events in --ready-file); DP rank r at port + r; off if unset",
     )
     kv.add_argument("--kv-events-topic", default="")
     kv.add_argument(
@@ -218,6 +227,7 @@ def config_from_args(args: argparse.Namespace) -> cfg.MockEngineConfig:
         batch_slowdown=args.batch_slowdown,
         prefill_stalls_decode=args.prefill_stalls_decode,
         speedup=args.speedup,
+        dp_size=args.dp_size,
         role=args.role,
         log_level=args.log_level,
         kv_events_endpoint=args.kv_events_endpoint,

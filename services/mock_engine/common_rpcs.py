@@ -9,8 +9,9 @@ from typing import Any
 import grpc
 from smg_grpc_proto.generated import common_pb2
 
+from switchyard.mock_engine.config import MAX_RUNNING_REQUESTS
 from switchyard.mock_engine.deps import tokenizer_slices
-from switchyard.mock_engine.kv_grpc import kv_event_stream
+from switchyard.mock_engine.kv_grpc import kv_event_stream, load_record
 
 
 class CommonRpcs:
@@ -37,5 +38,17 @@ class CommonRpcs:
     async def SubscribeKvEvents(
         self, request: common_pb2.SubscribeKvEventsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.KvEventBatch]:
-        async for batch in kv_event_stream(self.deps.kv_events, request, context):
+        # The stock servicers relay the engine's ZMQ publisher: none configured, none to relay.
+        if self.deps.config.kv_events_endpoint is None:
+            await context.abort(
+                grpc.StatusCode.UNIMPLEMENTED,
+                "KV cache events not enabled. Start the mock engine with --kv-events-endpoint",
+            )
+        engine = self.engine
+
+        def load_of(rank: int) -> common_pb2.EngineLoad:
+            return load_record(engine.ranks[rank].loads(), MAX_RUNNING_REQUESTS)
+
+        publishers = self.deps.kv_publishers or (self.deps.kv_events,)
+        async for batch in kv_event_stream(publishers, request, context, load_of):
             yield batch

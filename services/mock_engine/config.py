@@ -117,14 +117,17 @@ class MockEngineConfig:
     batch_slowdown: float = DEFAULT_BATCH_SLOWDOWN
     prefill_stalls_decode: bool = False  # one prefill at a time, decode steps wait for it
     speedup: float = 1.0
+    dp_size: int = 1  # data-parallel ranks: each its own cache, scheduler and KV publisher
     role: Role = Role.BOTH
     log_level: str = "INFO"
-    kv_events_endpoint: str | None = None  # ZMQ PUB, bound; None: no PUB socket
+    # ZMQ PUB, bound when it names a wildcard host (`*`, `::`) or ipc/inproc, else connected
+    # (the engines' rule); DP rank r at base port + r. None: no PUB socket.
+    kv_events_endpoint: str | None = None
     kv_events_topic: str = ""
     kv_events_format: EventFormat = EventFormat.MAP
     kv_hash_form: HashForm = HashForm.UINT
     kv_hash_seed: int | None = None  # None: a random seed per engine
-    kv_replay_endpoint: str | None = None  # ZMQ ROUTER, bound; None: no replay socket
+    kv_replay_endpoint: str | None = None  # ZMQ ROUTER, always bound (rank r: + r); None: none
     kv_replay_topic_frame: bool = False  # replay replies as [b"", topic, seq, payload]
     kv_replay_buffer: int = DEFAULT_KV_REPLAY_BUFFER
     kv_skip_seqs: frozenset[int] = frozenset()  # fault injection: not sent on the PUB socket
@@ -165,7 +168,7 @@ class MockEngineConfig:
             raise ConfigError("host", "must not be empty")
         if not self.model_name:
             raise ConfigError("model_name", "must not be empty")
-        for name in ("context_length", "block_size", "num_blocks"):
+        for name in ("context_length", "block_size", "num_blocks", "dp_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be at least 1, got {getattr(self, name)}")
         if self.context_length < 2:

@@ -8,15 +8,16 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
 
 from switchyard.mock_engine import embedding
 from switchyard.mock_engine.config import MockEngineConfig
+from switchyard.mock_engine.data_parallel import DataParallelEngine
 from switchyard.mock_engine.disagg import Disaggregation
 from switchyard.mock_engine.faults import FaultInjector, Refusal
-from switchyard.mock_engine.generation import MockEngine
 from switchyard.mock_engine.kv_events import KvEventPublisher
 from switchyard.mock_engine.script import Script
 from switchyard.mock_engine.structured import FixedPlan, TextPlan, compile_constraint
@@ -33,8 +34,8 @@ NOT_GENERATION = "This model does not support generation"
 class ServicerDeps:
     config: MockEngineConfig
     facts: TokenizerFacts
-    engine: MockEngine
-    kv_events: KvEventPublisher
+    engine: DataParallelEngine
+    kv_events: KvEventPublisher  # rank 0's
     bundle: TokenizerBundle
     model_config: dict[str, Any]  # config.json as served
     port: int  # the bound port (the config's may be 0)
@@ -43,6 +44,13 @@ class ServicerDeps:
     disagg: Disaggregation
     wall_clock: Callable[[], float] = time.time
     script: Script | None = None
+    kv_publishers: tuple[KvEventPublisher, ...] = ()  # one per data-parallel rank
+    tokenizer_dir: Path | None = None  # a folder holding exactly what GetTokenizer serves
+
+    @property
+    def tokenizer_path(self) -> str:
+        """What GetModelInfo reports as tokenizer_path / model_path."""
+        return str(self.tokenizer_dir or self.facts.directory)
 
     @property
     def model_type(self) -> str:

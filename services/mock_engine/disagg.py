@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Sequence
 
 from switchyard.mock_engine.config import EngineProtocol, MockEngineConfig
+from switchyard.mock_engine.data_parallel import DataParallelEngine
 from switchyard.mock_engine.errors import KvTransferFailed
 from switchyard.mock_engine.faults import exit_now
 from switchyard.mock_engine.generation import MockEngine
@@ -35,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 
 class Disaggregation:
-    def __init__(self, config: MockEngineConfig, engine: MockEngine) -> None:
+    def __init__(self, config: MockEngineConfig, engine: MockEngine | DataParallelEngine) -> None:
         self.config = config
         self.engine = engine
         self.counters = TransferCounters()

@@ -1,8 +1,13 @@
 """The KV events on ZMQ, framed as the engines' `ZmqEventPublisher` frames them.
 
-PUB (bound at --kv-events-endpoint): every batch as `[topic, seq (8 bytes big-endian),
-payload]`, except the sequence numbers in --kv-skip-seq (fault injection: they stay in the
-replay buffer, so a subscriber sees a gap and must replay).
+PUB (at --kv-events-endpoint): every batch as `[topic, seq (8 bytes big-endian), payload]`,
+except the sequence numbers in --kv-skip-seq (fault injection: they stay in the replay
+buffer, so a subscriber sees a gap and must replay). Bound or connected by the engines' rule
+(`publisher_binds`): bound when the endpoint has a `*` or `::` (a wildcard host) or is ipc /
+inproc, connected otherwise, as when engines point their publisher at a router that binds.
+A port 0 is also bound (a free port searched in the port range): there is nothing to connect
+to at port 0, so this is the mock's way to say "bind any port" on a named host.
+Data-parallel rank r uses base port + r for both sockets (`rank_endpoint`).
 
 ROUTER (bound at --kv-replay-endpoint): a DEALER sends `[b"", start_seq (8 bytes big-endian)]`
 and gets every buffered batch numbered >= start_seq as `[b"", seq, payload]` (with
@@ -23,12 +28,36 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from switchyard.common.ports import PortRange, zmq_bind
+from switchyard.common.ports import PortRange, tcp_endpoint_port, zmq_bind
 from switchyard.mock_engine.kv_events import KvEventPublisher
 
 logger = logging.getLogger(__name__)
 
 END_SEQ = b"\xff" * 8  # -1 as a signed 64-bit big-endian int
+
+
+def publisher_binds(endpoint: str) -> bool:
+    """The engines' heuristic (SGLang's and vLLM's ZmqEventPublisher): bind a wildcard or a
+    local transport, connect anything that names a host (0.0.0.0 included). Port 0 binds too
+    (the mock's free-port convention; no publisher can connect to port 0)."""
+    if "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://")):
+        return True
+    parsed = tcp_endpoint_port(endpoint)
+    return parsed is not None and parsed[1] == 0
+
+
+def rank_endpoint(endpoint: str, rank: int) -> str:
+    """The engines' offset_endpoint_port: tcp port + rank, inproc name + `_dp{rank}`; a
+    wildcard port (`*`, 0) stays as it is (each rank binds a port of its own)."""
+    if not rank:
+        return endpoint
+    if endpoint.startswith("inproc://"):
+        return f"{endpoint}_dp{rank}"
+    if endpoint.startswith("tcp://"):
+        address, colon, port = endpoint.rpartition(":")
+        if colon and port.isdigit() and int(port):
+            return f"{address}:{int(port) + rank}"
+    return endpoint
 
 
 class KvZmqTransport:
@@ -58,6 +87,7 @@ class KvZmqTransport:
         self._replay_task: asyncio.Task[None] | None = None
         self.bound_endpoint: str | None = None  # what the PUB socket bound (a `*` port resolved)
         self.bound_replay_endpoint: str | None = None
+        self.connects = False  # the PUB connected to a subscriber that binds
 
     def start(self) -> None:
         """Bind the sockets (OSError when an endpoint cannot be bound) and serve replays."""
@@ -73,8 +103,13 @@ class KvZmqTransport:
                 self._pub = pub
                 pub.setsockopt(zmq.LINGER, 0)
                 pub.setsockopt(zmq.SNDHWM, self._hwm)
-                zmq_bind(pub, self._endpoint, self._ports)
-                self.bound_endpoint = _last_endpoint(pub)
+                if publisher_binds(self._endpoint):
+                    zmq_bind(pub, self._endpoint, self._ports)
+                    self.bound_endpoint = _last_endpoint(pub)
+                else:
+                    pub.connect(self._endpoint)
+                    self.connects = True
+                    self.bound_endpoint = self._endpoint
             if self._replay_endpoint is not None:
                 router = ctx.socket(zmq.ROUTER)
                 self._router = router

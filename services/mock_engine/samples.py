@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 
+from switchyard.mock_engine.data_parallel import DataParallelEngine
 from switchyard.mock_engine.generation import MockEngine
 from switchyard.mock_engine.types import GenerationRequest, Step
 
@@ -19,7 +20,7 @@ _DONE = object()
 
 
 async def run_samples(
-    engine: MockEngine, jobs: Sequence[GenerationRequest]
+    engine: MockEngine | DataParallelEngine, jobs: Sequence[GenerationRequest]
 ) -> AsyncIterator[tuple[int, Step]]:
     for job in jobs:
         engine.validate(job)

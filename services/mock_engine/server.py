@@ -1,6 +1,8 @@
-"""Builds and runs one mock engine: the grpc.aio server, its protocol servicer and health, the
-prefix cache and its KV event publisher (ZMQ PUB and replay ROUTER when configured), the fault
-injector, and the KV transfer port of a prefill engine (SGLang bootstrap / vLLM side channel).
+"""Builds and runs one mock engine: the grpc.aio server, its protocol servicer and health, per
+data-parallel rank a core engine with its prefix cache and KV event publisher (ZMQ PUB and
+replay ROUTER when configured, rank r at base port + r), the fault injector, the tokenizer
+folder it reports, and the KV transfer port of a prefill engine (SGLang bootstrap / vLLM side
+channel).
 
 In-process use (tests):
 
@@ -25,6 +27,7 @@ from smg_grpc_proto import sglang_scheduler_pb2_grpc, vllm_engine_pb2_grpc
 from switchyard.common.ports import PortRange, bind_in_range
 from switchyard.mock_engine import sglang_servicer, vllm_servicer
 from switchyard.mock_engine.config import KV_EVENTS_HWM, EngineProtocol, MockEngineConfig
+from switchyard.mock_engine.data_parallel import DataParallelEngine
 from switchyard.mock_engine.deps import ServicerDeps
 from switchyard.mock_engine.disagg import Disaggregation
 from switchyard.mock_engine.faults import FaultInjector
@@ -33,7 +36,7 @@ from switchyard.mock_engine.kv_cache import SGLANG_POLICY, VLLM_POLICY, EngineHa
 from switchyard.mock_engine.kv_events import KvEventPublisher
 from switchyard.mock_engine.kv_handover import TransferCounters
 from switchyard.mock_engine.kv_wire import WireEncoder
-from switchyard.mock_engine.kv_zmq import KvZmqTransport
+from switchyard.mock_engine.kv_zmq import KvZmqTransport, rank_endpoint
 from switchyard.mock_engine.tokenizer_bundle import TokenizerBundle, served_model_config
 from switchyard.mock_engine.tokenizer_facts import load_tokenizer_facts
 from switchyard.mock_engine.tokens import TokenOracle
@@ -89,9 +92,11 @@ class MockEngineServer:
         self._rng = rng
         self._server: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
-        self.engine: MockEngine | None = None
-        self.kv_events: KvEventPublisher | None = None
+        self.engine: DataParallelEngine | None = None
+        self.kv_events: KvEventPublisher | None = None  # rank 0's publisher
+        self.kv_publishers: list[KvEventPublisher] = []  # one per data-parallel rank
         self._zmq: KvZmqTransport | None = None
+        self._transports: list[KvZmqTransport] = []
         self.disagg: Disaggregation | None = None
         self.faults: FaultInjector | None = None
         self.port = 0
@@ -115,6 +120,15 @@ class MockEngineServer:
         return self._zmq.bound_replay_endpoint if self._zmq is not None else None
 
     @property
+    def kv_events_endpoints(self) -> list[str | None]:
+        """Each rank's PUB endpoint (bound, or connected to)."""
+        return [t.bound_endpoint for t in self._transports]
+
+    @property
+    def kv_replay_endpoints(self) -> list[str | None]:
+        return [t.bound_replay_endpoint for t in self._transports]
+
+    @property
     def kv_transfer_port(self) -> int:
         """The bound bootstrap port (SGLang prefill) / side channel (vLLM producer); else 0."""
         return self.disagg.port if self.disagg is not None else 0
@@ -135,11 +149,8 @@ class MockEngineServer:
             rng=random.Random(seed) if seed is not None else None,
         )
 
-    def _build_cache(self) -> PrefixCache:
+    def _build_cache(self, seed: int) -> PrefixCache:
         config = self.config
-        seed = config.kv_hash_seed
-        if seed is None:
-            seed = (self._rng or random.Random()).getrandbits(64)
         policy = VLLM_POLICY if config.protocol is EngineProtocol.VLLM else SGLANG_POLICY
         return PrefixCache(
             block_size=config.block_size,
@@ -152,22 +163,34 @@ class MockEngineServer:
         """Load the tokenizer (off the loop), bind, serve; returns the bound port."""
         config = self.config
         facts = await asyncio.to_thread(load_tokenizer_facts, config.tokenizer_path)
-        publisher = KvEventPublisher(
-            encode=WireEncoder(config.kv_events_format, config.kv_hash_form),
-            buffer_steps=config.kv_replay_buffer,
-        )
+        bundle = TokenizerBundle(facts, config.context_length)
+        tokenizer_dir = await bundle.directory()
         faults = self._build_faults()
-        engine = MockEngine(
-            oracle=TokenOracle(facts.ordinary_ids, facts.eos_token_id),
-            vocab_size=facts.vocab_size,
-            context_length=config.context_length,
-            cache=self._build_cache(),
-            timing=config.timing,
-            token_text=facts.text_of,
-            events=publisher,
-            faults=faults,
-            rng=self._rng,
-        )
+        seed = config.kv_hash_seed
+        if seed is None:
+            seed = (self._rng or random.Random()).getrandbits(64)
+        publishers: list[KvEventPublisher] = []
+        ranks: list[MockEngine] = []
+        for rank in range(config.dp_size):
+            publisher = KvEventPublisher(
+                encode=WireEncoder(config.kv_events_format, config.kv_hash_form, rank),
+                buffer_steps=config.kv_replay_buffer,
+            )
+            publishers.append(publisher)
+            ranks.append(
+                MockEngine(
+                    oracle=TokenOracle(facts.ordinary_ids, facts.eos_token_id),
+                    vocab_size=facts.vocab_size,
+                    context_length=config.context_length,
+                    cache=self._build_cache(seed),  # one hashing for all ranks of an engine
+                    timing=config.timing,
+                    token_text=facts.text_of,
+                    events=publisher,
+                    faults=faults,
+                    rng=self._rng,
+                )
+            )
+        engine = DataParallelEngine(ranks)
         server = grpc.aio.server(options=server_options(config.protocol))
 
         def bind(candidate: int) -> int:
@@ -180,42 +203,55 @@ class MockEngineServer:
             return int(bound)
 
         port = bind(config.port) if config.port else bind_in_range(bind, self._ports)
-        transport = KvZmqTransport(
-            publisher,
-            endpoint=config.kv_events_endpoint,
-            replay_endpoint=config.kv_replay_endpoint,
-            topic=config.kv_events_topic,
-            replay_topic_frame=config.kv_replay_topic_frame,
-            skip_seqs=config.kv_skip_seqs,
-            hwm=KV_EVENTS_HWM,
-            ports=self._ports,
-        )
+        events, replay = config.kv_events_endpoint, config.kv_replay_endpoint
+        transports = [
+            KvZmqTransport(
+                publisher,
+                endpoint=rank_endpoint(events, rank) if events else None,
+                replay_endpoint=rank_endpoint(replay, rank) if replay else None,
+                topic=config.kv_events_topic,
+                replay_topic_frame=config.kv_replay_topic_frame,
+                skip_seqs=config.kv_skip_seqs,
+                hwm=KV_EVENTS_HWM,
+                ports=self._ports,
+            )
+            for rank, publisher in enumerate(publishers)
+        ]
         disagg = Disaggregation(config, engine)
+        started: list[KvZmqTransport] = []
         try:
-            transport.start()  # before serving: a bind failure leaves nothing running
+            for transport in transports:  # before serving: a bind failure leaves nothing
+                transport.start()
+                started.append(transport)
         except OSError:
+            for transport in started:
+                await transport.stop()
             await server.stop(None)
             raise
         try:
             await disagg.start()
         except OSError:
-            await transport.stop()
+            for transport in transports:
+                await transport.stop()
             await server.stop(None)
             raise
         if config.protocol is EngineProtocol.SGLANG:
-            publisher.publish_now([AllBlocksCleared()])  # SGLang's sequence 0 at start
+            for publisher in publishers:
+                publisher.publish_now([AllBlocksCleared()])  # SGLang's sequence 0 at start
         deps = ServicerDeps(
             config=config,
             facts=facts,
             engine=engine,
-            kv_events=publisher,
-            bundle=TokenizerBundle(facts, config.context_length),
+            kv_events=publishers[0],
+            bundle=bundle,
             model_config=served_model_config(facts, config.context_length),
             port=port,
             start_time=time.time(),
             faults=faults,
             disagg=disagg,
             script=config.script,
+            kv_publishers=tuple(publishers),
+            tokenizer_dir=tokenizer_dir,
         )
         if config.protocol is EngineProtocol.SGLANG:
             sglang_scheduler_pb2_grpc.add_SglangSchedulerServicer_to_server(
@@ -231,12 +267,14 @@ class MockEngineServer:
             await server.start()
         except BaseException:
             await disagg.stop()
-            await transport.stop()
+            for transport in transports:
+                await transport.stop()
             raise
         for name in ("", self.service_name):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._server, self._health, self.engine, self.port = server, health_servicer, engine, port
-        self.kv_events, self._zmq = publisher, transport
+        self.kv_events, self._zmq = publishers[0], transports[0]
+        self.kv_publishers, self._transports = publishers, transports
         self.disagg, self.faults = disagg, faults
         logger.info(
             "mock engine ready protocol=%s port=%d host=%s model=%s role=%s kv_transfer_port=%d "
@@ -259,15 +297,15 @@ class MockEngineServer:
             return
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
-        if self.kv_events is not None:
-            self.kv_events.close()  # ends SubscribeKvEvents streams, which never end by themselves
+        for publisher in self.kv_publishers:
+            publisher.close()  # ends SubscribeKvEvents streams, which never end by themselves
         if self.disagg is not None:
             self.disagg.board.close()  # prefill calls waiting for a pickup end now
         await server.stop(grace_s)
         if self.disagg is not None:
             await self.disagg.stop()
-        if self._zmq is not None:
-            await self._zmq.stop()
+        for transport in self._transports:
+            await transport.stop()
         logger.info("mock engine stopped port=%d", self.port)
 
 

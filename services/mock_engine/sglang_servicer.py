@@ -183,7 +183,8 @@ class SglangServicer(CommonRpcs, pb_grpc.SglangSchedulerServicer):
             plan = self.deps.output_plan(prompt, constraint_spec(request.sampling_params))
         except ValueError as exc:  # ConstraintError is one
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        job = GenerationRequest(request_id, prompt, spec, output=plan)
+        rank = request.data_parallel_rank if request.HasField("data_parallel_rank") else None
+        job = GenerationRequest(request_id, prompt, spec, output=plan, dp_rank=rank)
         config = self.deps.config
         disaggregated = request.HasField("disaggregated_params")
         if disaggregated and (config.kv_producer or config.kv_consumer) and spec_n(request) > 1:
@@ -377,8 +378,8 @@ class SglangServicer(CommonRpcs, pb_grpc.SglangSchedulerServicer):
     ) -> pb.GetModelInfoResponse:
         deps, facts = self.deps, self.deps.facts
         return pb.GetModelInfoResponse(
-            model_path=str(facts.directory),
-            tokenizer_path=str(facts.directory),
+            model_path=deps.tokenizer_path,
+            tokenizer_path=deps.tokenizer_path,
             is_generation=not deps.config.embedding,
             preferred_sampling_params="",
             default_sampling_params_json="{}",
@@ -399,8 +400,8 @@ class SglangServicer(CommonRpcs, pb_grpc.SglangSchedulerServicer):
         config = self.deps.config
         mode = "null" if config.role is Role.BOTH else config.role.value
         return {
-            "model_path": str(self.deps.facts.directory),
-            "tokenizer_path": str(self.deps.facts.directory),
+            "model_path": self.deps.tokenizer_path,
+            "tokenizer_path": self.deps.tokenizer_path,
             "served_model_name": config.model_name,
             "host": config.host,
             "port": self.deps.port,
@@ -412,7 +413,7 @@ class SglangServicer(CommonRpcs, pb_grpc.SglangSchedulerServicer):
             "disaggregation_mode": mode,
             "disaggregation_bootstrap_port": self.deps.disagg.port or config.bootstrap_port,
             "kv_events_config": config.sglang_kv_events_config(),
-            "dp_size": 1,
+            "dp_size": config.dp_size,
             "tp_size": 1,
             "enable_dp_attention": False,
             "is_embedding": config.embedding,
@@ -452,35 +453,42 @@ class SglangServicer(CommonRpcs, pb_grpc.SglangSchedulerServicer):
     async def GetLoads(
         self, request: pb.GetLoadsRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetLoadsResponse:
-        if request.HasField("dp_rank") and request.dp_rank != 0:
+        snaps = self.engine.rank_loads()
+        if request.HasField("dp_rank") and not 0 <= request.dp_rank < len(snaps):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"no dp rank {request.dp_rank}")
-        snap = self.engine.loads()
-        usage = snap.used_tokens / snap.capacity_tokens if snap.capacity_tokens else 0.0
-        load = pb.SchedulerLoad(
-            dp_rank=0,
-            num_running_reqs=snap.running_requests,
-            num_waiting_reqs=0,
-            num_total_reqs=snap.running_requests,
-            num_used_tokens=snap.used_tokens,
-            max_total_num_tokens=snap.capacity_tokens,
-            token_usage=round(usage, 4),
-            gen_throughput=round(snap.gen_throughput, 2),
-            cache_hit_rate=round(snap.cache_hit_rate, 4),
-            utilization=round(usage, 4),
-            max_running_requests=MAX_RUNNING_REQUESTS,
-            num_waiting_uncached_tokens=0,
-        )
+        loads = []
+        for rank, snap in enumerate(snaps):
+            if request.HasField("dp_rank") and rank != request.dp_rank:
+                continue
+            usage = snap.used_tokens / snap.capacity_tokens if snap.capacity_tokens else 0.0
+            loads.append(
+                pb.SchedulerLoad(
+                    dp_rank=rank,
+                    num_running_reqs=snap.running_requests,
+                    num_waiting_reqs=0,
+                    num_total_reqs=snap.running_requests,
+                    num_used_tokens=snap.used_tokens,
+                    max_total_num_tokens=snap.capacity_tokens,
+                    token_usage=round(usage, 4),
+                    gen_throughput=round(snap.gen_throughput, 2),
+                    cache_hit_rate=round(snap.cache_hit_rate, 4),
+                    utilization=round(usage, 4),
+                    max_running_requests=MAX_RUNNING_REQUESTS,
+                    num_waiting_uncached_tokens=0,
+                )
+            )
+        n = len(loads)
         return pb.GetLoadsResponse(
             timestamp=datetime.fromtimestamp(self.deps.wall_clock(), UTC).isoformat(),
             version=VERSION,
-            dp_rank_count=1,
-            loads=[load],
+            dp_rank_count=len(snaps),
+            loads=loads,
             aggregate=pb.AggregateMetrics(
-                total_running_reqs=load.num_running_reqs,
+                total_running_reqs=sum(x.num_running_reqs for x in loads),
                 total_waiting_reqs=0,
-                total_reqs=load.num_total_reqs,
-                avg_token_usage=load.token_usage,
-                avg_throughput=load.gen_throughput,
-                avg_utilization=load.utilization,
+                total_reqs=sum(x.num_total_reqs for x in loads),
+                avg_token_usage=sum(x.token_usage for x in loads) / n if n else 0.0,
+                avg_throughput=sum(x.gen_throughput for x in loads) / n if n else 0.0,
+                avg_utilization=sum(x.utilization for x in loads) / n if n else 0.0,
             ),
         )

@@ -3,17 +3,28 @@
 One zip with tokenizer.json, tokenizer_config.json (with a chat template: the folder's own,
 else the shipped DeepSeek-V3 one) and config.json at its root, built once in a worker thread
 and kept; streamed as slices of at most 64 KiB, the hex SHA-256 of the whole zip on the last.
+
+`directory()` unpacks that same zip into a folder named by its digest under the system's
+temporary directory (written once, atomically, shared by every mock serving the same
+bundle): what GetModelInfo reports as `tokenizer_path`, so a client that loads the tokenizer
+from the reported path gets exactly what GetTokenizer serves, chat template included, as with
+a real engine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import importlib.resources
 import io
 import json
+import os
+import shutil
+import tempfile
 import zipfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from switchyard.mock_engine.tokenizer_facts import TokenizerFacts
@@ -75,6 +86,28 @@ def bundle_slices(data: bytes, sha256: str) -> Iterator[tuple[bytes, str]]:
         yield data[offset:end], sha256 if end == total else ""
 
 
+def unpack_bundle(data: bytes, sha256: str, root: Path | None = None) -> Path:
+    """The folder holding the zip's files (blocking: file I/O). Named by the digest, so an
+    existing folder already holds exactly these files."""
+    root = root or Path(tempfile.gettempdir())
+    target = root / f"switchyard-mock-tokenizer-{sha256[:16]}"
+    if target.is_dir():
+        return target
+    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=root))
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            archive.extractall(staging)
+        try:
+            os.replace(staging, target)
+        except OSError:  # another mock unpacked the same bundle meanwhile
+            if not target.is_dir():
+                raise
+    finally:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(staging)
+    return target
+
+
 class TokenizerBundle:
     """The archive, built on first use in a worker thread and kept; concurrent first callers
     share one build, and a caller that goes away does not cancel it for the others."""
@@ -91,6 +124,11 @@ class TokenizerBundle:
         if self._build is None:
             self._build = asyncio.get_running_loop().create_task(self._build_once())
         return await asyncio.shield(self._build)
+
+    async def directory(self) -> Path:
+        """The folder holding exactly the archive's files (see the module docstring)."""
+        data, sha256 = await self.archive()
+        return await asyncio.to_thread(unpack_bundle, data, sha256)
 
     async def _build_once(self) -> tuple[bytes, str]:
         try:

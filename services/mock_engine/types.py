@@ -44,6 +44,7 @@ class GenerationRequest:
     # dictated output (then EOS); None: the next-token function decides
     output: OutputPlan | None = None
     group: str = ""  # the caller's id of an n > 1 request: aborting it aborts every sample
+    dp_rank: int | None = None  # GenerateRequest.data_parallel_rank (None: the engine picks)
 
 
 class Scored(NamedTuple):

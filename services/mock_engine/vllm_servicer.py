@@ -230,7 +230,8 @@ class VllmServicer(CommonRpcs, pb_grpc.VllmEngineServicer):
             prompt_logprobs = self._prompt_logprobs(params, prompt)
         except ValueError as exc:  # ConstraintError is one
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        job = GenerationRequest(request_id, prompt, spec, output=plan)
+        rank = request.data_parallel_rank if request.HasField("data_parallel_rank") else None
+        job = GenerationRequest(request_id, prompt, spec, output=plan, dp_rank=rank)
         n = max(1, params.n)
         produce = consume = False
         if transfer is not None:
@@ -422,13 +423,13 @@ class VllmServicer(CommonRpcs, pb_grpc.VllmEngineServicer):
     ) -> pb.GetModelInfoResponse:
         deps, facts = self.deps, self.deps.facts
         return pb.GetModelInfoResponse(
-            model_path=str(facts.directory),
+            model_path=deps.tokenizer_path,
             is_generation=not deps.config.embedding,
             max_context_length=deps.config.context_length,
             vocab_size=facts.vocab_size,
             supports_vision=False,
             served_model_name=deps.config.model_name,
-            tokenizer_path=str(facts.directory),
+            tokenizer_path=deps.tokenizer_path,
             model_type=deps.model_type,
             architectures=deps.architectures,
             eos_token_ids=[facts.eos_token_id],
@@ -453,7 +454,7 @@ class VllmServicer(CommonRpcs, pb_grpc.VllmEngineServicer):
             kv_connector=config.kv_connector or "",
             kv_role=kv_role,
             kv_engine_id=deps.disagg.engine_id if kv_role else "",
-            data_parallel_size=1,
+            data_parallel_size=config.dp_size,
             kv_cache_dtype="auto",
             block_size=config.block_size,
             model_dtype="torch.bfloat16",
@@ -463,25 +464,30 @@ class VllmServicer(CommonRpcs, pb_grpc.VllmEngineServicer):
     async def GetLoads(
         self, request: pb.GetLoadsRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetLoadsResponse:
-        snap = self.engine.loads()
-        usage = snap.used_tokens / snap.capacity_tokens if snap.capacity_tokens else 0.0
-        load = pb.SchedulerLoad(
-            dp_rank=0,
-            num_running_reqs=snap.running_requests,
-            num_waiting_reqs=0,
-            num_total_reqs=snap.running_requests,
-            num_used_tokens=snap.used_tokens,
-            max_total_num_tokens=snap.capacity_tokens,
-            token_usage=usage,
-            gen_throughput=snap.gen_throughput,
-            cache_hit_rate=snap.cache_hit_rate,
-            utilization=usage,
-            max_running_requests=MAX_RUNNING_REQUESTS,
-            num_waiting_uncached_tokens=0,
-        )
+        loads = []
+        for rank, snap in enumerate(self.engine.rank_loads()):
+            if request.HasField("dp_rank") and rank != request.dp_rank:
+                continue
+            usage = snap.used_tokens / snap.capacity_tokens if snap.capacity_tokens else 0.0
+            loads.append(
+                pb.SchedulerLoad(
+                    dp_rank=rank,
+                    num_running_reqs=snap.running_requests,
+                    num_waiting_reqs=0,
+                    num_total_reqs=snap.running_requests,
+                    num_used_tokens=snap.used_tokens,
+                    max_total_num_tokens=snap.capacity_tokens,
+                    token_usage=usage,
+                    gen_throughput=snap.gen_throughput,
+                    cache_hit_rate=snap.cache_hit_rate,
+                    utilization=usage,
+                    max_running_requests=MAX_RUNNING_REQUESTS,
+                    num_waiting_uncached_tokens=0,
+                )
+            )
         return pb.GetLoadsResponse(
             timestamp=datetime.fromtimestamp(self.deps.wall_clock(), UTC).isoformat(),
             version=VERSION,
-            dp_rank_count=1,
-            loads=[load],
+            dp_rank_count=len(loads),
+            loads=loads,
         )

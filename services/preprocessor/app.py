@@ -1,8 +1,9 @@
 """The FastAPI app: everything but the generation endpoints (those are edge.py's).
 
 GET /health, /ready, /v1/models, /metrics, and POST /debug/route, which runs a request's
-prompt stages and asks the router where it would go, sending nothing to an engine. Errors
-are OpenAI-shaped here too.
+prompt stages and asks the router where it would go (with the request's session key, the
+x-session-id header or the body's `user`), sending nothing to an engine. Errors are
+OpenAI-shaped here too.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from switchyard.preprocessor.errors import (
     as_request_error,
     error_body,
 )
-from switchyard.preprocessor.stages.context import CHAT, COMPLETIONS
+from switchyard.preprocessor.stages.context import CHAT, COMPLETIONS, SESSION_HEADER
 from switchyard.preprocessor.stages.endpoints import PROMPT_STAGES, parse, run_stages
 from switchyard.preprocessor.state import PreprocessorState
 from switchyard.protos.messages import RouteRequest
@@ -75,16 +76,19 @@ def create_app(state: PreprocessorState) -> FastAPI:
 
     @app.post("/debug/route")
     async def debug_route(request: Request) -> Response:
-        return await _debug_route(state, await request.body())
+        session = request.headers.get(SESSION_HEADER)
+        return await _debug_route(state, await request.body(), session)
 
     return app
 
 
-async def _debug_route(state: PreprocessorState, body: bytes) -> Response:
+async def _debug_route(
+    state: PreprocessorState, body: bytes, session_id: str | None = None
+) -> Response:
     """Where would this request go, and why? Decided by the router, sent to no engine."""
     endpoint = CHAT if b'"messages"' in body else COMPLETIONS
     try:
-        ctx = parse(state.deps, endpoint, body, 0.0)
+        ctx = parse(state.deps, endpoint, body, 0.0, session_id)
         await run_stages(ctx, PROMPT_STAGES[endpoint])
         model = ctx.inp.request.model
         prompt_ids = ctx.state.prompt_ids[0]
@@ -94,6 +98,7 @@ async def _debug_route(state: PreprocessorState, body: bytes) -> Response:
                 model=model,
                 token_ids=prompt_ids,
                 dry_run=True,
+                session_id=ctx.inp.session_id,
             ),
             state.config.route_timeout,
         )
@@ -112,6 +117,8 @@ async def _debug_route(state: PreprocessorState, body: bytes) -> Response:
                 "chosen": {
                     "instance_id": reply.instance_id,
                     "url": chosen_instance.url if chosen_instance else None,
+                    "dp_rank": reply.dp_rank,
+                    "predicted_ttft_ms": reply.predicted_ttft_ms,
                 },
                 "prefill": _instance_ref(state, reply.prefill_instance_id),
                 "workers": [msgspec.structs.asdict(w) for w in workers],

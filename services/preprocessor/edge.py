@@ -20,7 +20,13 @@ from typing import Any
 from fastapi import FastAPI
 
 from switchyard.preprocessor.errors import INVALID_REQUEST, RequestError
-from switchyard.preprocessor.stages.context import CHAT, COMPLETIONS, EMBEDDINGS, Deps
+from switchyard.preprocessor.stages.context import (
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    SESSION_HEADER,
+    Deps,
+)
 from switchyard.preprocessor.stages.endpoints import serve
 
 log = logging.getLogger(__name__)
@@ -40,6 +46,7 @@ STREAM_HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 JSON_HEADERS = [(b"content-type", b"application/json")]
+_SESSION = SESSION_HEADER.encode()
 CLIENT_GONE = 499  # the status counted for a request whose client went away
 
 
@@ -83,11 +90,13 @@ class Edge:
         if scope["type"] == "http" and scope["method"] == "POST":
             endpoint = GENERATION_PATHS.get(scope["path"])
             if endpoint is not None:
-                await self._generate(endpoint, receive, send)
+                await self._generate(endpoint, _header(scope, _SESSION), receive, send)
                 return
         await self.app(scope, receive, send)
 
-    async def _generate(self, endpoint: str, receive: Receive, send: Send) -> None:
+    async def _generate(
+        self, endpoint: str, session_id: str | None, receive: Receive, send: Send
+    ) -> None:
         received = time.perf_counter()
         http = AsgiOut(send)
         try:
@@ -100,7 +109,7 @@ class Edge:
         deps = self.deps
         assert deps is not None
         status = await _until_client_leaves(
-            serve(deps, endpoint, body, received, http), receive, http
+            serve(deps, endpoint, body, received, http, session_id), receive, http
         )
         deps.metrics.requests.labels(endpoint, str(status)).inc()
 
@@ -123,6 +132,14 @@ class Edge:
             parts.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(parts)
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    """A request header's value (ASGI names are lowercase bytes), None when absent."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return None
 
 
 async def _until_client_leaves(answer: Any, receive: Receive, http: AsgiOut) -> int:

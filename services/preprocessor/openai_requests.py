@@ -75,7 +75,7 @@ class ChatCompletionRequest:
     sampling: SamplingOptions
     stream: bool = False
     include_usage: bool = False
-    user: str | None = None
+    user: str | None = None  # the router's session key (sticks a conversation to a worker)
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: str | dict[str, Any] | None = None  # None: "auto" with tools, else "none"
     parallel_tool_calls: bool = True

@@ -196,7 +196,7 @@ class _Sampling(Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=T
     n: Annotated[int, Meta(ge=1, le=128)] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    user: str | None = None  # logged with the request
+    user: str | None = None  # logged; the session key the router uses without x-session-id
     # Engine extras for structured output (SGLang's names, vLLM's structured_outputs and its
     # older guided_* names): at most one constraint per request.
     regex: str | None = None

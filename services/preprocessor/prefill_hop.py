@@ -216,6 +216,7 @@ class _SglangHop(HopStream):
             request_id=base.request_id + PREFILL_SUFFIX,
             instance_id=self.prefill.instance_id,
             disagg=params,
+            data_parallel_rank=None,  # the decode engine's rank: the prefill engine picks its own
         )
         decode_req = msgspec.structs.replace(base, instance_id=decode.instance_id, disagg=params)
         prefill_leg = await open_stream(prefill_req, None)
@@ -266,6 +267,7 @@ class _VllmHop(HopStream):
             sampling=msgspec.structs.replace(base.sampling, max_tokens=1, min_tokens=0),
             stream=False,
             kv_transfer_params_json=VLLM_PREFILL_PARAMS,
+            data_parallel_rank=None,  # the decode engine's rank: the prefill engine picks its own
         )
         leg = await open_stream(prefill_req, None)
         self._legs = [leg]

@@ -1,9 +1,11 @@
 """The preprocessor's side of the router channel: route requests and progress notices.
 
 Several router replicas may run side by side; each request goes to a connected one (in turn).
-When none answers, the preprocessor keeps serving: `LocalFallback` round-robins over the
-instances fleet reports, and the caller is told (`fallback` in the reply's policy) so it can
-log and count it. KV routing resumes as soon as a router is connected again.
+When none answers, the preprocessor keeps serving: `LocalFallback` runs the router's own
+candidate filters (`FALLBACK_FILTERS`: model, exclusions, whole-request engines that prefill
+themselves, as there is no prefill hop here) over the instances fleet reports and round-robins
+over what passes; the caller is told (`fallback` in the reply's policy) so it can log and
+count it. KV routing resumes as soon as a router is connected again.
 
 A route call whose router connection drops fails at once and goes to the next router (or the
 fallback). A router that let a call time out (frozen, or overloaded) is skipped for
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import random
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -24,13 +27,17 @@ from switchyard.common.messaging import RequestReplyClient
 from switchyard.protos import codec
 from switchyard.protos.codec import encode
 from switchyard.protos.messages import (
-    ROLE_PREFILL,
     Instance,
     InstanceBusy,
     RouteProgress,
     RouteRequest,
     RouteResponse,
 )
+from switchyard.router.config import PluginConfig
+from switchyard.router.policies import FALLBACK_FILTERS, build_plugin
+from switchyard.router.policies.round_robin import RoundRobin
+from switchyard.router.timing import TimeModel
+from switchyard.router.types import EngineLoad, PluginDeps, RouteContext, RouterLoad, Worker
 
 log = logging.getLogger(__name__)
 
@@ -77,31 +84,31 @@ class _Router(RequestReplyClient):
 
 
 class LocalFallback:
-    """Round-robin over fleet's instances, for when no router answers."""
+    """The router's candidate filters and round-robin over fleet's instances, for when no
+    router answers (one worker per instance: the engine balances its own DP ranks)."""
 
     def __init__(self, instances: Callable[[], Mapping[int, Instance]]) -> None:
         self._instances = instances
-        self._counter = itertools.count()
+        deps = PluginDeps(random.Random(), TimeModel())
+        self._filters = [build_plugin("filter", PluginConfig(n), deps) for n in FALLBACK_FILTERS]
+        self._picker = RoundRobin()
+        self._time = deps.time
 
     def route(self, request: RouteRequest) -> RouteResponse:
-        candidates = sorted(
-            i.instance_id
-            for i in self._instances().values()
-            if i.model == request.model
-            and i.role != ROLE_PREFILL
-            and i.local_prefill  # no prefill hop here: the engine must prefill itself
-            and i.instance_id not in request.exclude
-        )
-        if not candidates:
+        workers = [Worker(i, 0, RouterLoad(), EngineLoad()) for i in self._instances().values()]
+        ctx = RouteContext(request, time.monotonic(), self._time)
+        for plugin in self._filters:
+            workers = plugin.filter(ctx, workers)
+        if not workers:
             return RouteResponse(
                 request_id=request.request_id,
                 instance_id=None,
                 error="no_worker",
                 policy=FALLBACK_POLICY,
             )
-        chosen = candidates[next(self._counter) % len(candidates)]
+        chosen = workers[self._picker.pick(ctx, workers, [0.0] * len(workers))]
         return RouteResponse(
-            request_id=request.request_id, instance_id=chosen, policy=FALLBACK_POLICY
+            request_id=request.request_id, instance_id=chosen.instance_id, policy=FALLBACK_POLICY
         )
 
 

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 
 from switchyard.common import endpoints
 from switchyard.common.logs import setup_logging
 from switchyard.common.metrics import add_metrics_arguments, serve_metrics
 from switchyard.common.ports import add_port_arguments, write_ready_file
 from switchyard.common.runner import run_until_signal
+from switchyard.router import config as routing_config
 from switchyard.router.core import DEFAULT_DISAGG_MIN_UNCACHED_TOKENS, RouterCore
+from switchyard.router.kv.ingestor import ListenerSpec
+from switchyard.router.kv.listener import DEFAULT_TOPIC_PATTERN
 from switchyard.router.load import InFlightTracker
-from switchyard.router.policies import MODES, KvParams, build_policy
 from switchyard.router.service import RouterService
+from switchyard.router.timing import TimeParams
+
+log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,18 +30,91 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--fleet-control", default=endpoints.FLEET_CONTROL)
     parser.add_argument("--fleet-events", default=endpoints.FLEET_EVENTS)
-    parser.add_argument("--router-mode", choices=MODES, default="kv")
     parser.add_argument(
-        "--kv-overlap-weight",
-        type=float,
-        default=1.0,
-        help="weight of prefill blocks against decode blocks in the KV cost",
+        "--router-mode",
+        choices=routing_config.MODES,
+        default="kv",
+        help="routing preset (default %(default)s: predicted time to first token with "
+        "session affinity); --routing-config overrides parts of it",
     )
     parser.add_argument(
-        "--kv-temperature",
+        "--routing-config",
+        default=None,
+        help="YAML or JSON file: profiles of filters, weighted scorers and a picker, time "
+        "model and bookings (see the router README)",
+    )
+    group = parser.add_argument_group("time model")
+    defaults = TimeParams()
+    group.add_argument(
+        "--prefill-ms-per-1k-tokens",
         type=float,
-        default=0.0,
-        help="0: always the cheapest worker; >0: softmax sampling over costs",
+        default=defaults.prefill_ms_per_1k_tokens,
+        help="prior prefill speed until learned from observed TTFT (default %(default)s)",
+    )
+    group.add_argument(
+        "--ttft-base-ms",
+        type=float,
+        default=defaults.base_ms,
+        help="prior fixed cost of a first token (default %(default)s)",
+    )
+    group.add_argument(
+        "--work-weight",
+        type=float,
+        default=defaults.work_weight,
+        help="weight of the prefill work a choice adds to a worker (default %(default)s)",
+    )
+    group.add_argument(
+        "--offload-weight",
+        type=float,
+        default=defaults.offload_weight,
+        help="share of a block's prefill an offloaded-tier (CPU/disk) hit saves "
+        "(default %(default)s)",
+    )
+    group.add_argument(
+        "--no-learn-prefill-speed",
+        action="store_true",
+        help="keep the prior speeds instead of learning them from observed TTFT",
+    )
+    parser.add_argument(
+        "--booking-ttl",
+        type=float,
+        default=10.0,
+        help="seconds a routed prompt's blocks count as pending on its worker before the "
+        "engine's events confirm them (0: no bookings; default %(default)s)",
+    )
+    kv = parser.add_argument_group("KV events")
+    kv.add_argument(
+        "--kv-events-bind",
+        default=None,
+        help="bind SUB sockets here (rank r at port + r) for engines whose publisher "
+        "connects to the router, e.g. tcp://*:5557 (port 0: a free one, reported as "
+        "kv_events_listen in --ready-file)",
+    )
+    kv.add_argument(
+        "--kv-events-proxy",
+        default=None,
+        help="connect SUB sockets to a `switchyard kv-proxy` backend (rank r at port + r); "
+        "how several router replicas all get events from engines that connect",
+    )
+    kv.add_argument(
+        "--kv-topic-pattern",
+        default=DEFAULT_TOPIC_PATTERN,
+        help="the topic each engine publishes under, from {host} {port} {model} "
+        "{instance_id} {url} of its worker entry (default %(default)s)",
+    )
+    kv.add_argument(
+        "--kv-silence-warning",
+        type=float,
+        default=30.0,
+        help="warn about an engine routed to for this long whose KV events never arrived "
+        "(default %(default)s s)",
+    )
+    parser.add_argument(
+        "--load-poll-interval",
+        type=float,
+        default=0.5,
+        help="seconds between GetLoads polls of each engine when a plugin reads engine load "
+        "(0: never poll; default %(default)s)",
     )
     parser.add_argument(
         "--disagg-min-uncached-tokens",
@@ -55,23 +134,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="INFO")
 
 
+def routing_from_args(args: argparse.Namespace) -> routing_config.RoutingConfig:
+    time = TimeParams(
+        prefill_ms_per_1k_tokens=args.prefill_ms_per_1k_tokens,
+        base_ms=args.ttft_base_ms,
+        work_weight=args.work_weight,
+        offload_weight=args.offload_weight,
+        learn=not args.no_learn_prefill_speed,
+    )
+    if args.routing_config:
+        return routing_config.load(args.routing_config, args.router_mode)
+    return routing_config.preset(args.router_mode, time, args.booking_ttl)
+
+
+def listener_from_args(args: argparse.Namespace) -> ListenerSpec | None:
+    if args.kv_events_bind and args.kv_events_proxy:
+        raise ValueError("give --kv-events-bind or --kv-events-proxy, not both")
+    if args.kv_events_bind:
+        return ListenerSpec("bind", args.kv_events_bind, args.kv_topic_pattern)
+    if args.kv_events_proxy:
+        return ListenerSpec("connect", args.kv_events_proxy, args.kv_topic_pattern)
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     setup_logging("router", args.log_level)
-    kv_params = KvParams(args.kv_overlap_weight, args.kv_temperature)
-
-    async def main(stop: asyncio.Event) -> None:
+    try:
+        listener = listener_from_args(args)
         core = RouterCore(
-            build_policy(args.router_mode, kv_params=kv_params),
-            InFlightTracker(args.request_ttl),
+            routing_from_args(args),
+            tracker=InFlightTracker(args.request_ttl),
             disagg_min_uncached_tokens=args.disagg_min_uncached_tokens,
         )
-        service = RouterService(core, args.bind, args.fleet_control, args.fleet_events)
+    except (OSError, ValueError) as exc:
+        log.error("router: %s", exc)
+        return 2
+
+    async def main(stop: asyncio.Event) -> None:
+        service = RouterService(
+            core,
+            args.bind,
+            args.fleet_control,
+            args.fleet_events,
+            listener=listener,
+            load_poll_interval=args.load_poll_interval,
+            silence_after=args.kv_silence_warning,
+        )
         metrics_port = serve_metrics(
             service.metrics.registry, args.metrics_host, args.metrics_port, args.port_range
         )
 
         def bound(endpoint: str) -> None:
-            write_ready_file(args.ready_file, {"bind": endpoint, "metrics_port": metrics_port})
+            report: dict[str, object] = {"bind": endpoint, "metrics_port": metrics_port}
+            if service.kv_listen_endpoint is not None:  # --kv-events-bind / --kv-events-proxy
+                report["kv_events_listen"] = service.kv_listen_endpoint
+            write_ready_file(args.ready_file, report)
 
         await service.run(stop, ports=args.port_range, on_bound=bound)
 

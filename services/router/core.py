@@ -1,5 +1,14 @@
-"""The routing decision: filter candidates (model, role, exclusions), look up KV overlap when
-the policy asks for it, then ask the policy.
+"""The routing decision: run the decode profile over the model's workers, then (for
+disaggregated serving) the prefill profile over its prefill workers; book the load.
+
+Before the profiles run, the core computes what their plugins declared they need: the
+prompt's block hashes and every worker's cached prefix (KV index, offloaded tier, pending
+bookings) for `Needs.BLOCKS`, the session key for `Needs.SESSION`. Filters that need the
+core's state read it from the context (`busy`, `hop_protocols`, `decode_protocol`).
+
+Errors: no worker serves the model at all -> `unknown_model`; every candidate answered
+RESOURCE_EXHAUSTED lately (the `not_busy` filter left none) -> `all_busy`; any other filter
+left none -> `no_worker`.
 
 Pure and synchronous: the service passes `now`, so tests need no clock.
 """
@@ -7,10 +16,10 @@ Pure and synchronous: the service passes `now`, so tests need no clock.
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from switchyard.common.block_hash import block_hashes
 from switchyard.protos.messages import (
     ROLE_PREFILL,
     STAGE_FINISHED,
@@ -21,14 +30,22 @@ from switchyard.protos.messages import (
     RouteResponse,
     WorkerScore,
 )
+from switchyard.router.bookings import Bookings
+from switchyard.router.config import RoutingConfig, preset
+from switchyard.router.framework import Outcome, PluginStats, Profile
 from switchyard.router.kv.index import KvIndex
-from switchyard.router.load import InFlightTracker
-from switchyard.router.predicted import PredictedPrefixes
-from switchyard.router.types import Decision, Policy, RouteContext, WorkerView
+from switchyard.router.load import EngineLoads, InFlightTracker
+from switchyard.router.policies import build_profile
+from switchyard.router.prefix import cached_tokens
+from switchyard.router.prompt_hashes import PromptHashes
+from switchyard.router.timing import TimeModel
+from switchyard.router.types import Needs, PluginDeps, RouteContext, Worker, WorkerKey
 
 log = logging.getLogger(__name__)
 
 NO_WORKER = "no_worker"
+ALL_BUSY = "all_busy"
+UNKNOWN_MODEL = "unknown_model"
 # Disaggregation: a request whose uncached prompt on the chosen decode worker is shorter than
 # this prefills there (no hop). A default, not measured: 256 tokens is where a prefill's
 # compute starts to outweigh the hop's cost (a second engine call plus a KV transfer, a few
@@ -36,8 +53,7 @@ NO_WORKER = "no_worker"
 DEFAULT_DISAGG_MIN_UNCACHED_TOKENS = 256
 # The prefill hop's load booking lives under the request id with this suffix.
 PREFILL_BOOKING = "#prefill"
-ALL_BUSY = "all_busy"
-UNKNOWN_MODEL = "unknown_model"
+_EXPIRE_EVERY_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,211 +61,306 @@ class Routed:
     """A decision with what the service needs for metrics."""
 
     response: RouteResponse
-    decision: Decision | None
+    chosen: Worker | None = None
 
 
 class RouterCore:
     def __init__(
         self,
-        policy: Policy,
+        config: RoutingConfig | None = None,
+        *,
         tracker: InFlightTracker | None = None,
         index: KvIndex | None = None,
-        predicted: PredictedPrefixes | None = None,
+        engine_loads: EngineLoads | None = None,
+        bookings: Bookings | None = None,
+        rng: random.Random | None = None,
+        stats: PluginStats | None = None,
         disagg_min_uncached_tokens: int = DEFAULT_DISAGG_MIN_UNCACHED_TOKENS,
     ) -> None:
         if disagg_min_uncached_tokens < 0:
             raise ValueError("--disagg-min-uncached-tokens must be >= 0")
+        self.config = config or preset("kv")
         self.disagg_min_uncached_tokens = disagg_min_uncached_tokens
-        self.policy = policy
         self.tracker = tracker or InFlightTracker()
         self.index = index or KvIndex()
-        self.predicted = predicted or PredictedPrefixes()
+        self.engine_loads = engine_loads or EngineLoads()
+        self.bookings = bookings or Bookings(self.config.booking_ttl_s)
+        self.prompt_hashes = PromptHashes()
+        self.time = TimeModel(self.config.time)
+        self.stats = stats or PluginStats()
+        deps = PluginDeps(rng or random.Random(), self.time)
+        self.decode: Profile = build_profile("decode", self.config.decode, deps, self.stats)
+        self.prefill: Profile = build_profile("prefill", self.config.prefill, deps, self.stats)
+        self.needs = self.decode.needs | self.prefill.needs
+        self.mode = self.config.mode
+        self._offload_weight = self.config.time.offload_weight
         self._busy: dict[int, float] = {}  # instance id -> busy until (RESOURCE_EXHAUSTED)
         self._instances: Mapping[int, Instance] = {}
+        self._decode_workers: dict[str, list[Worker]] = {}  # model -> workers (not prefill)
+        self._prefill_workers: dict[str, list[Worker]] = {}  # model -> prefill-role workers
+        self._next_expiry = 0.0
+
+    # ---- fleet ---------------------------------------------------------------------------
 
     def set_instances(self, instances: Mapping[int, Instance]) -> None:
-        """Swap in a new instance snapshot; forget the load of instances that left."""
+        """Swap in a new instance snapshot (one worker per data-parallel rank); forget the
+        load of instances that left."""
         for gone in set(self._instances) - set(instances):
             self.tracker.drop_instance(gone)
-            self.predicted.drop_instance(gone)
+            self.engine_loads.drop_instance(gone)
+            self.bookings.drop_instance(gone)
+        decode: dict[str, list[Worker]] = {}
+        prefill: dict[str, list[Worker]] = {}
+        for inst in instances.values():
+            group = prefill if inst.role == ROLE_PREFILL else decode
+            workers = group.setdefault(inst.model, [])
+            for rank in range(max(1, inst.dp_size)):
+                key = (inst.instance_id, rank)
+                workers.append(
+                    Worker(inst, rank, self.tracker.load(key), self.engine_loads.load(key))
+                )
         self._instances = instances
+        self._decode_workers = decode
+        self._prefill_workers = prefill
+
+    def workers(self) -> list[Worker]:
+        return [
+            w
+            for ws in (*self._decode_workers.values(), *self._prefill_workers.values())
+            for w in ws
+        ]
+
+    # ---- decisions -----------------------------------------------------------------------
 
     def route(self, request: RouteRequest, now: float) -> Routed:
-        self.tracker.expire(now)
+        if now >= self._next_expiry:
+            self.tracker.expire(now)
+            self._next_expiry = now + _EXPIRE_EVERY_S
         if self._busy:
             self.expire_busy(now)
-        exclude = frozenset(request.exclude)
-        same_model = [
-            i
-            for i in self._instances.values()
-            if i.model == request.model and i.instance_id not in exclude
-        ]
-        # Prefill-only engines take the prefill hop, never a whole request.
-        instances = [i for i in same_model if i.role != ROLE_PREFILL]
-        prefills = [
-            i
-            for i in same_model
-            if i.role == ROLE_PREFILL and self._busy.get(i.instance_id, 0.0) <= now
-        ]
-        # A decode-only engine needs a prefill engine of its protocol to hand it the KV.
-        hop_protocols = {i.protocol for i in prefills}
-        instances = [i for i in instances if i.local_prefill or i.protocol in hop_protocols]
-        if instances and self._busy:
-            idle = [i for i in instances if self._busy.get(i.instance_id, 0.0) <= now]
-            if not idle:
-                return Routed(
-                    RouteResponse(request_id=request.request_id, instance_id=None, error=ALL_BUSY),
-                    None,
-                )
-            instances = idle
-        if not instances:
-            known = any(i.model == request.model for i in self._instances.values())
-            error = NO_WORKER if known or request.exclude else UNKNOWN_MODEL
-            return Routed(
-                RouteResponse(request_id=request.request_id, instance_id=None, error=error), None
-            )
-        candidates, prompt_blocks, hashes = self._candidates(instances, request.token_ids, now)
-        ctx = RouteContext(request.request_id, request.model, request.token_ids, prompt_blocks)
-        decision = self.policy.pick(candidates, ctx)
-        chosen = decision.chosen
-        hop: WorkerView | None = None
-        prefill_views: list[WorkerView] = []
-        prefill_costs: dict[int, float] = {}
-        chosen_protocol = self._instances[chosen.instance_id].protocol
-        # The KV moves between engines of one protocol only.
-        prefills = [i for i in prefills if i.protocol == chosen_protocol]
-        needs_hop = bool(prefills) and self._needs_hop(chosen, request.token_ids)
-        # Dry runs list the prefill candidates even when this request skips the hop.
-        if needs_hop or (prefills and request.dry_run):
-            prefill_views, p_blocks, p_hashes = self._candidates(prefills, request.token_ids, now)
-            for size, values in p_hashes.items():
-                hashes.setdefault(size, values)
-            prompt_blocks = max(prompt_blocks, p_blocks)
-            ctx = RouteContext(request.request_id, request.model, request.token_ids, prompt_blocks)
-            hop, prefill_costs = self._pick_prefill(prefill_views, ctx)
-            if not needs_hop:
-                hop = None
-        if not request.dry_run:
-            chosen_size = self._instances[chosen.instance_id].block_size
-            self.predicted.add(chosen.instance_id, hashes.get(chosen_size, ()), now)
-            self.tracker.add(
-                request.request_id,
-                chosen.instance_id,
-                now,
-                # With a hop the decode worker receives the prompt's KV: nothing to prefill.
-                prefill_blocks=0 if hop else prompt_blocks - chosen.overlap_blocks,
-                blocks=prompt_blocks,
-            )
-            if hop is not None:
-                hop_size = self._instances[hop.instance_id].block_size
-                self.predicted.add(hop.instance_id, hashes.get(hop_size, ()), now)
-                # Freed at the request's first token (the prefill is done by then).
-                self.tracker.add(
-                    request.request_id + PREFILL_BOOKING,
-                    hop.instance_id,
-                    now,
-                    prefill_blocks=prompt_blocks - hop.overlap_blocks,
-                    blocks=prompt_blocks,
-                )
-        log.debug(
-            "route request_id=%s instance_id=%d policy=%s overlap=%d/%d",
-            request.request_id,
-            chosen.instance_id,
-            self.policy.name,
-            chosen.overlap_blocks,
-            prompt_blocks,
+        model = request.model
+        candidates = self._decode_workers.get(model, [])
+        prefills = self._prefill_workers.get(model, [])
+        ctx = RouteContext(
+            request,
+            now,
+            self.time,
+            explain=request.dry_run,
+            engine_stale_s=self.engine_loads.stale_after,
+            busy=self._busy,
         )
-        workers = (
-            [
-                WorkerScore(
-                    instance_id=w.instance_id,
-                    url=w.url,
-                    overlap_blocks=w.overlap_blocks,
-                    in_flight=w.in_flight,
-                    active_blocks=w.active_blocks,
-                    prefill_blocks=prompt_blocks - w.overlap_blocks + w.pending_prefill_blocks,
-                    cost=costs.get(w.instance_id, 0.0),
-                    role=w.role,
-                )
-                for w, costs in [(w, decision.costs) for w in candidates]
-                + [(w, prefill_costs) for w in prefill_views]
-            ]
-            if request.dry_run
-            else []
+        if prefills:
+            exclude = request.exclude
+            ctx.hop_protocols = frozenset(
+                w.instance.protocol
+                for w in prefills
+                if w.instance.instance_id not in exclude
+                and self._busy.get(w.instance.instance_id, 0.0) <= now
+            )
+        if self.needs & Needs.SESSION:
+            ctx.session = request.session_id
+        if self.needs & Needs.BLOCKS and (candidates or prefills):
+            self._kv_view(ctx, candidates + prefills)
+        outcome = self.decode.run(ctx, candidates)
+        chosen = outcome.chosen
+        if chosen is None:
+            return Routed(self._refusal(request, outcome))
+        hop: Worker | None = None
+        prefill_outcome: Outcome | None = None
+        hop_candidates = [w for w in prefills if w.instance.protocol == chosen.instance.protocol]
+        needs_hop = bool(hop_candidates) and self._needs_hop(ctx, chosen)
+        if needs_hop or (hop_candidates and request.dry_run):
+            ctx.decode_protocol = chosen.instance.protocol
+            prefill_outcome = self.prefill.run(ctx, prefills)
+            hop = prefill_outcome.chosen if needs_hop else None
+        if not request.dry_run:
+            self._book(ctx, chosen, hop, now)
+        explanation = ctx.explanations.get(chosen.key)
+        log.debug(
+            "route request_id=%s worker=%s mode=%s",
+            request.request_id,
+            chosen,
+            self.mode,
         )
         response = RouteResponse(
             request_id=request.request_id,
             instance_id=chosen.instance_id,
-            overlap_blocks=chosen.overlap_blocks,
-            prompt_blocks=prompt_blocks,
-            policy=self.policy.name,
-            workers=workers,
+            overlap_blocks=ctx.device_blocks.get(chosen.key, 0),
+            prompt_blocks=ctx.prompt_blocks,
+            policy=self.mode,
+            workers=self._rows(ctx, candidates, outcome, prefills, prefill_outcome)
+            if request.dry_run
+            else [],
             prefill_instance_id=hop.instance_id if hop is not None else None,
+            dp_rank=chosen.dp_rank,
+            prefill_dp_rank=hop.dp_rank if hop is not None else None,
+            predicted_ttft_ms=explanation.ttft_s * 1e3 if explanation is not None else 0.0,
         )
-        return Routed(response, decision)
+        return Routed(response, chosen)
 
-    def _needs_hop(self, chosen: WorkerView, token_ids: list[int]) -> bool:
+    def _refusal(self, request: RouteRequest, outcome: Outcome) -> RouteResponse:
+        if outcome.emptied_by == "not_busy":
+            error = ALL_BUSY
+        elif request.model in self._decode_workers or request.model in self._prefill_workers:
+            error = NO_WORKER
+        else:
+            error = NO_WORKER if request.exclude else UNKNOWN_MODEL
+        return RouteResponse(
+            request_id=request.request_id, instance_id=None, error=error, policy=self.mode
+        )
+
+    def _kv_view(self, ctx: RouteContext, workers: list[Worker]) -> None:
+        """Hash the prompt once per block size and look every worker up."""
+        tokens = ctx.request.token_ids
+        sizes = {w.instance.block_size for w in workers}
+        index, bookings, now = self.index, self.bookings, ctx.now
+        offloaded = index.has_offloaded()
+        for size in sorted(sizes):
+            hashes = self.prompt_hashes.hashes(tokens, size)
+            ctx.hashes[size] = hashes
+            ctx.prompt_blocks = max(ctx.prompt_blocks, len(hashes))
+            found = index.overlaps(hashes)
+            booked = (
+                self._held_or_booked(found, bookings.overlaps(hashes, now)) if (bookings) else found
+            )
+            if offloaded:
+                more = index.overlaps_any_tier(hashes)
+            if len(sizes) == 1:
+                ctx.device_blocks, ctx.pending_blocks = found, booked
+                if offloaded:
+                    ctx.any_tier_blocks = more
+                return
+            # Several block sizes: keep each worker's lookups at its own size.
+            for w in workers:
+                if w.instance.block_size == size:
+                    key = w.key
+                    if key in found:
+                        ctx.device_blocks[key] = found[key]
+                    if key in booked:
+                        ctx.pending_blocks[key] = booked[key]
+                    if offloaded and key in more:
+                        ctx.any_tier_blocks[key] = more[key]
+
+    @staticmethod
+    def _held_or_booked(
+        held: dict[WorkerKey, int], booked: dict[WorkerKey, int]
+    ) -> dict[WorkerKey, int]:
+        """Per worker, the leading blocks held or booked (bookings start at block 0)."""
+        if not booked:
+            return held
+        merged = dict(held)
+        for key, depth in booked.items():
+            if depth > merged.get(key, 0):
+                merged[key] = depth
+        return merged
+
+    def _needs_hop(self, ctx: RouteContext, chosen: Worker) -> bool:
         """False when the decode worker can prefill this prompt itself and little of it is
         uncached there (the hop would cost more than it saves)."""
-        inst = self._instances[chosen.instance_id]
-        if not inst.local_prefill:
+        if not chosen.instance.local_prefill:
             return True
-        uncached = len(token_ids) - chosen.overlap_blocks * inst.block_size
-        return uncached >= self.disagg_min_uncached_tokens
+        held = cached_tokens(ctx, chosen, self._offload_weight)[0] if ctx.hashes else 0
+        return ctx.prompt_tokens - held >= self.disagg_min_uncached_tokens
 
-    def _pick_prefill(
-        self, views: list[WorkerView], ctx: RouteContext
-    ) -> tuple[WorkerView, dict[int, float]]:
-        """The prefill worker: the KV policy's cost (overlap + queued prefill) when the policy
-        uses overlap, else the fewest in flight. Ties: fewest in flight, then lowest id."""
-        cost = getattr(self.policy, "cost", None)
-        if self.policy.needs_overlap and callable(cost):
-            costs = {w.instance_id: float(cost(w, ctx)) for w in views}
-        else:
-            costs = {w.instance_id: float(w.in_flight) for w in views}
-        best = min(views, key=lambda w: (costs[w.instance_id], w.in_flight, w.instance_id))
-        return best, costs
-
-    def _candidates(
-        self, instances: list[Instance], token_ids: list[int], now: float
-    ) -> tuple[list[WorkerView], int, dict[int, list[int]]]:
-        """Worker views, the prompt's block count, and its block hashes per block size."""
-        tracker = self.tracker
-        overlaps: dict[int, int] = {}
-        prompt_blocks = 0
-        hashes: dict[int, list[int]] = {}
-        if self.policy.needs_overlap:
-            # Hash once per block size (normally all workers of a model share one).
-            ids = [i.instance_id for i in instances]
-            found: dict[int, tuple[dict[int, int], dict[int, int]]] = {}
-            for inst in instances:
-                size = inst.block_size
-                if size not in hashes:
-                    hashes[size] = block_hashes(token_ids, size)
-                    found[size] = (
-                        self.index.overlaps(hashes[size]),
-                        self.predicted.overlaps(hashes[size], ids, now),
-                    )
-            for inst in instances:
-                known, expected = found[inst.block_size]
-                iid = inst.instance_id
-                prompt_blocks = max(prompt_blocks, len(hashes[inst.block_size]))
-                overlaps[iid] = max(known.get(iid, 0), expected.get(iid, 0))
-        views = [
-            WorkerView(
-                instance_id=i.instance_id,
-                url=i.url,
-                model=i.model,
-                role=i.role,
-                in_flight=tracker.in_flight(i.instance_id),
-                in_prefill=tracker.in_prefill(i.instance_id),
-                overlap_blocks=overlaps.get(i.instance_id, 0),
-                pending_prefill_blocks=tracker.prefill_blocks(i.instance_id),
-                active_blocks=tracker.active_blocks(i.instance_id),
+    def _book(self, ctx: RouteContext, chosen: Worker, hop: Worker | None, now: float) -> None:
+        request = ctx.request
+        prompt = ctx.prompt_tokens
+        if ctx.hashes:
+            self.bookings.add(chosen.key, ctx.hashes.get(chosen.instance.block_size, ()), now)
+        uncached = (
+            prompt - int(cached_tokens(ctx, chosen, self._offload_weight)[0])
+            if (ctx.hashes)
+            else prompt
+        )
+        self.tracker.add(
+            request.request_id,
+            chosen.key,
+            now,
+            # With a hop the decode worker receives the prompt's KV: nothing to prefill.
+            prefill_tokens=0 if hop else uncached,
+            tokens=prompt,
+            learn=hop is None and chosen.instance.local_prefill,
+        )
+        if hop is not None:
+            if ctx.hashes:
+                self.bookings.add(hop.key, ctx.hashes.get(hop.instance.block_size, ()), now)
+            hop_uncached = (
+                prompt - int(cached_tokens(ctx, hop, self._offload_weight)[0])
+                if (ctx.hashes)
+                else prompt
             )
-            for i in instances
-        ]
-        return views, prompt_blocks, hashes
+            # Freed at the request's first token (the prefill is done by then).
+            self.tracker.add(
+                request.request_id + PREFILL_BOOKING,
+                hop.key,
+                now,
+                prefill_tokens=hop_uncached,
+                tokens=prompt,
+                learn=True,
+            )
+        self.decode.observe(ctx, chosen)
+        if hop is not None:
+            self.prefill.observe(ctx, hop)
+
+    def _rows(
+        self,
+        ctx: RouteContext,
+        candidates: list[Worker],
+        outcome: Outcome,
+        prefills: list[Worker],
+        prefill_outcome: Outcome | None,
+    ) -> list[WorkerScore]:
+        rows = self._profile_rows(ctx, candidates, outcome, "decode")
+        if prefill_outcome is not None:
+            rows += self._profile_rows(ctx, prefills, prefill_outcome, "prefill")
+        return rows
+
+    def _profile_rows(
+        self, ctx: RouteContext, workers: list[Worker], outcome: Outcome, profile: str
+    ) -> list[WorkerScore]:
+        position = {id(w): i for i, w in enumerate(outcome.workers)}
+        rows = []
+        for w in workers:
+            i = position.get(id(w))
+            scores = (
+                {name: values[i] for name, values in outcome.scores.items()}
+                if (i is not None)
+                else {}
+            )
+            total = outcome.totals[i] if i is not None else 0.0
+            why = ctx.explanations.get(w.key)
+            report = ctx.engine_report(w)
+            size = w.instance.block_size
+            overlap = ctx.device_blocks.get(w.key, 0)
+            rows.append(
+                WorkerScore(
+                    instance_id=w.instance_id,
+                    url=w.instance.url,
+                    overlap_blocks=overlap,
+                    in_flight=w.load.in_flight,
+                    active_blocks=w.load.active_tokens // size,
+                    prefill_blocks=max(ctx.prompt_blocks - overlap, 0)
+                    + w.load.prefill_tokens // size,
+                    cost=-total if i is not None else float("inf"),
+                    role=w.instance.role,
+                    dp_rank=w.dp_rank,
+                    profile=profile,
+                    score=total,
+                    scores=scores,
+                    filtered_by=outcome.filtered.get(w.key, "") if i is None else "",
+                    ttft_ms=why.ttft_s * 1e3 if why else 0.0,
+                    prefill_ms=why.prefill_s * 1e3 if why else 0.0,
+                    queue_ms=why.queue_s * 1e3 if why else 0.0,
+                    cached_tokens=why.cached_tokens if why else overlap * size,
+                    pending_tokens=why.pending_tokens if why else 0,
+                    engine_running=report.running if report else -1,
+                    engine_waiting=report.waiting if report else -1,
+                    engine_kv_usage=report.kv_usage if report else -1.0,
+                )
+            )
+        return rows
+
+    # ---- notices -------------------------------------------------------------------------
 
     def mark_busy(self, instance_id: int, until: float) -> None:
         self._busy[instance_id] = max(until, self._busy.get(instance_id, 0.0))
@@ -258,10 +369,15 @@ class RouterCore:
         for instance_id in [i for i, until in self._busy.items() if until <= now]:
             del self._busy[instance_id]
 
-    def progress(self, notice: RouteProgress) -> None:
+    def progress(self, notice: RouteProgress, now: float | None = None) -> None:
+        tracker = self.tracker
         if notice.stage == STAGE_FIRST_TOKEN:
-            self.tracker.first_token(notice.request_id)
-            self.tracker.finish(notice.request_id + PREFILL_BOOKING)
+            first = tracker.first_token(notice.request_id, now)
+            hop = tracker.first_token(notice.request_id + PREFILL_BOOKING, now)
+            tracker.finish(notice.request_id + PREFILL_BOOKING)
+            for seen in (first, hop):
+                if seen is not None:
+                    self.time.observe(seen.key, seen.tokens, seen.seconds)
         elif notice.stage == STAGE_FINISHED:
-            self.tracker.finish(notice.request_id)
-            self.tracker.finish(notice.request_id + PREFILL_BOOKING)
+            tracker.finish(notice.request_id)
+            tracker.finish(notice.request_id + PREFILL_BOOKING)

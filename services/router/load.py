@@ -1,44 +1,60 @@
-"""In-flight bookkeeping per worker: added on route, prefill done at the first token, freed at
-the end. A notice that never comes (a preprocessor died) expires after `ttl` seconds.
+"""Load per worker: the router's own in-flight bookkeeping, and the engines' own reports.
 
-Besides request counts it keeps KV-block sums for the KV policy: blocks still to prefill
-(cleared at the first token) and blocks held by every in-flight request.
+InFlightTracker: a request is added when routed, its prefill is done at its first token,
+it is freed at the end; a notice that never comes (a preprocessor died) expires after `ttl`
+seconds. Per worker it sums requests in flight, requests not prefilled yet, their uncached
+prompt tokens (the prefill queue the time model reads) and the prompt tokens of every request
+in flight. At the first token it reports how long the prefill took, for the time model.
+
+EngineLoads: the latest report per worker (GetLoads polls, or the load records on a
+SubscribeKvEvents stream), kept in the `EngineLoad` objects the workers point at. A report
+older than `stale_after` seconds reads as none.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from switchyard.router.types import EngineLoad, RouterLoad, WorkerKey
 
 
 @dataclass(slots=True)
 class _Entry:
-    instance_id: int
+    key: WorkerKey
+    load: RouterLoad
     deadline: float
-    prefill_blocks: int
-    blocks: int
+    prefill_tokens: int
+    tokens: int
+    routed_at: float
+    ahead_tokens: int  # prefill tokens queued on the worker when this one was routed
+    learn: bool  # its first token times a prefill on this worker
     prefilling: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class FirstToken:
+    """What a first token says about the worker's prefill speed."""
+
+    key: WorkerKey
+    tokens: int  # prefill tokens ahead of and in the request
+    seconds: float
 
 
 class InFlightTracker:
     def __init__(self, ttl: float = 600.0) -> None:
+        if not ttl > 0:
+            raise ValueError(f"--request-ttl must be > 0, got {ttl}")
         self.ttl = ttl
         self._requests: dict[str, _Entry] = {}
-        self._in_flight: dict[int, int] = {}
-        self._in_prefill: dict[int, int] = {}
-        self._prefill_blocks: dict[int, int] = {}
-        self._active_blocks: dict[int, int] = {}
+        self._loads: dict[WorkerKey, RouterLoad] = {}
 
-    def in_flight(self, instance_id: int) -> int:
-        return self._in_flight.get(instance_id, 0)
-
-    def in_prefill(self, instance_id: int) -> int:
-        return self._in_prefill.get(instance_id, 0)
-
-    def prefill_blocks(self, instance_id: int) -> int:
-        return self._prefill_blocks.get(instance_id, 0)
-
-    def active_blocks(self, instance_id: int) -> int:
-        return self._active_blocks.get(instance_id, 0)
+    def load(self, key: WorkerKey) -> RouterLoad:
+        """The worker's load object (created on first use, kept while the worker exists)."""
+        load = self._loads.get(key)
+        if load is None:
+            load = self._loads[key] = RouterLoad()
+        return load
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -46,40 +62,52 @@ class InFlightTracker:
     def add(
         self,
         request_id: str,
-        instance_id: int,
+        key: WorkerKey,
         now: float,
-        prefill_blocks: int = 0,
-        blocks: int = 0,
+        prefill_tokens: int = 0,
+        tokens: int = 0,
+        learn: bool = False,
     ) -> None:
         self.finish(request_id)  # a re-route (migration) replaces the old placement
-        self._requests[request_id] = _Entry(instance_id, now + self.ttl, prefill_blocks, blocks)
-        self._bump(self._in_flight, instance_id, 1)
-        self._bump(self._in_prefill, instance_id, 1)
-        self._bump(self._prefill_blocks, instance_id, prefill_blocks)
-        self._bump(self._active_blocks, instance_id, blocks)
+        load = self.load(key)
+        self._requests[request_id] = _Entry(
+            key, load, now + self.ttl, prefill_tokens, tokens, now, load.prefill_tokens, learn
+        )
+        load.in_flight += 1
+        load.in_prefill += 1
+        load.prefill_tokens += prefill_tokens
+        load.active_tokens += tokens
 
-    def first_token(self, request_id: str) -> None:
+    def first_token(self, request_id: str, now: float | None = None) -> FirstToken | None:
         entry = self._requests.get(request_id)
-        if entry is not None and entry.prefilling:
-            entry.prefilling = False
-            self._bump(self._in_prefill, entry.instance_id, -1)
-            self._bump(self._prefill_blocks, entry.instance_id, -entry.prefill_blocks)
+        if entry is None or not entry.prefilling:
+            return None
+        entry.prefilling = False
+        load = entry.load
+        load.in_prefill -= 1
+        load.prefill_tokens -= entry.prefill_tokens
+        if now is None or not entry.learn:
+            return None
+        return FirstToken(
+            entry.key, entry.ahead_tokens + entry.prefill_tokens, now - entry.routed_at
+        )
 
     def finish(self, request_id: str) -> None:
         entry = self._requests.pop(request_id, None)
         if entry is None:
             return
-        self._bump(self._in_flight, entry.instance_id, -1)
-        self._bump(self._active_blocks, entry.instance_id, -entry.blocks)
+        load = entry.load
+        load.in_flight -= 1
+        load.active_tokens -= entry.tokens
         if entry.prefilling:
-            self._bump(self._in_prefill, entry.instance_id, -1)
-            self._bump(self._prefill_blocks, entry.instance_id, -entry.prefill_blocks)
+            load.in_prefill -= 1
+            load.prefill_tokens -= entry.prefill_tokens
 
     def drop_instance(self, instance_id: int) -> None:
-        for request_id in [r for r, e in self._requests.items() if e.instance_id == instance_id]:
+        for request_id in [r for r, e in self._requests.items() if e.key[0] == instance_id]:
             self.finish(request_id)
-        for sums in (self._in_flight, self._in_prefill, self._prefill_blocks, self._active_blocks):
-            sums.pop(instance_id, None)
+        for key in [k for k in self._loads if k[0] == instance_id]:
+            del self._loads[key]
 
     def expire(self, now: float) -> int:
         stale = [r for r, e in self._requests.items() if e.deadline <= now]
@@ -87,6 +115,52 @@ class InFlightTracker:
             self.finish(request_id)
         return len(stale)
 
-    @staticmethod
-    def _bump(sums: dict[int, int], instance_id: int, delta: int) -> None:
-        sums[instance_id] = sums.get(instance_id, 0) + delta
+
+class EngineLoads:
+    def __init__(self, stale_after: float = 10.0) -> None:
+        self.stale_after = stale_after
+        self._loads: dict[WorkerKey, EngineLoad] = {}
+        self.reports = 0
+
+    def load(self, key: WorkerKey) -> EngineLoad:
+        load = self._loads.get(key)
+        if load is None:
+            load = self._loads[key] = EngineLoad()
+        return load
+
+    def update(self, key: WorkerKey, report: Any, now: float) -> None:
+        """A common.proto EngineLoad record or a GetLoads SchedulerLoad (either family)."""
+        load = self.load(key)
+        if hasattr(report, "running_requests"):  # EngineLoad record
+            load.running = int(report.running_requests)
+            load.waiting = int(report.waiting_requests)
+            load.waiting_uncached_tokens = (
+                int(report.waiting_uncached_tokens)
+                if report.HasField("waiting_uncached_tokens")
+                else None
+            )
+            usage = report.active_token_usage if report.HasField("active_token_usage") else None
+            load.kv_usage = float(usage if usage is not None else report.token_usage)
+            load.max_running = int(report.max_running_requests)
+        else:  # SchedulerLoad (SGLang's or vLLM's)
+            load.running = max(0, int(report.num_running_reqs))
+            load.waiting = max(0, int(report.num_waiting_reqs))
+            fields = report.DESCRIPTOR.fields_by_name
+            uncached = (
+                int(report.num_waiting_uncached_tokens)
+                if "num_waiting_uncached_tokens" in fields
+                else 0
+            )
+            # 0 with a queue is "not reported" (vLLM leaves fields it cannot read at 0).
+            load.waiting_uncached_tokens = uncached if uncached or not load.waiting else None
+            load.kv_usage = float(report.token_usage)
+            load.max_running = max(0, int(report.max_running_requests))
+        load.at = now
+        self.reports += 1
+
+    def fresh(self, load: EngineLoad, now: float) -> bool:
+        return load.at >= 0 and now - load.at <= self.stale_after
+
+    def drop_instance(self, instance_id: int) -> None:
+        for key in [k for k in self._loads if k[0] == instance_id]:
+            del self._loads[key]

@@ -1,15 +1,18 @@
-"""The router process: follows fleet, ingests the engines' KV events, answers RouteRequest on
-a ZMQ ROUTER socket, inline in the socket's read callback (no task or queue per request)."""
+"""The router process: follows fleet, ingests the engines' KV events, polls their load,
+answers RouteRequest on a ZMQ ROUTER socket, inline in the socket's read callback (no task or
+queue per request)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
 
 import zmq
 import zmq.asyncio
+from smg_grpc_proto.generated import common_pb2
 
 from switchyard.common.fleet_client import FleetClient
 from switchyard.common.messaging import LoopSocket, bound_endpoint, decode_routed, new_socket
@@ -25,10 +28,14 @@ from switchyard.protos.messages import (
     RouterRequest,
 )
 from switchyard.router.core import RouterCore
-from switchyard.router.kv.ingestor import KvIngestor
+from switchyard.router.kv.ingestor import KvIngestor, ListenerSpec
+from switchyard.router.load_poller import LoadPoller
 from switchyard.router.metrics import RouterMetrics
+from switchyard.router.types import Needs, WorkerKey
 
 log = logging.getLogger(__name__)
+
+_SILENCE_CHECK_S = 5.0
 
 
 class RouterService:
@@ -40,18 +47,49 @@ class RouterService:
         fleet_events: str,
         metrics: RouterMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        listener: ListenerSpec | None = None,
+        load_poll_interval: float = 0.5,
+        silence_after: float = 30.0,
     ) -> None:
         self.core = core
         self.bind = bind
-        self.metrics = metrics or RouterMetrics(core.index)
         self.clock = clock
         self._ctx = zmq.asyncio.Context()
-        # Only KV-aware routing needs the engines' events.
+        # Only plugins that read the KV view need the engines' events; only those that read
+        # engine load need the polls.
         self.ingestor = (
-            KvIngestor(core.index, context=self._ctx) if core.policy.needs_overlap else None
+            KvIngestor(
+                core.index,
+                context=self._ctx,
+                listener=listener,
+                on_load=self._on_load,
+                silence_after=silence_after,
+                clock=clock,
+            )
+            if core.needs & Needs.BLOCKS
+            else None
+        )
+        self.poller = (
+            LoadPoller(core.engine_loads, load_poll_interval, clock=clock)
+            if core.needs & Needs.ENGINE_LOAD and load_poll_interval > 0
+            else None
+        )
+        ingestor = self.ingestor
+        self.metrics = metrics or RouterMetrics(
+            core.index,
+            core.stats,
+            (lambda: len(ingestor.silent)) if ingestor is not None else None,
         )
         self.fleet = FleetClient(fleet_control, fleet_events, on_change=self._on_fleet_change)
         self._sock: LoopSocket | None = None
+
+    @property
+    def kv_listen_endpoint(self) -> str | None:
+        """Where the KV listener's rank-0 SUB bound or connected (None: no listener)."""
+        ingestor = self.ingestor
+        listener = ingestor.listener if ingestor is not None else None
+        return listener.endpoints[0] if listener is not None and listener.endpoints else None
 
     async def run(
         self,
@@ -60,36 +98,62 @@ class RouterService:
         ports: PortRange | None = None,
         on_bound: Callable[[str], None] | None = None,
     ) -> None:
-        """Serve until `stop`; `on_bound(endpoint)` once the socket is bound (a port 0 in
-        `bind` searched in `ports`)."""
+        """Serve until `stop`; `on_bound(endpoint)` once the sockets are bound (a port 0 in
+        `bind` searched in `ports`; the KV listener's too, see `kv_listen_endpoint`)."""
         raw = new_socket(self._ctx, zmq.ROUTER, bind=self.bind, sync=True, ports=ports)
         self.bind = bound_endpoint(raw)
+        if self.ingestor is not None:
+            await self.ingestor.start(ports)
         if on_bound is not None:
             on_bound(self.bind)
         await self.fleet.start()
         self.core.set_instances(self.fleet.instances)
         if self.ingestor is not None:
             self.ingestor.apply_events([InstanceAdded(i) for i in self.fleet.instances.values()])
+        if self.poller is not None:
+            self.poller.apply(self.fleet.instances)
         log.info(
-            "router ready bind=%s policy=%s instances=%d",
+            "router ready bind=%s mode=%s instances=%d",
             self.bind,
-            self.core.policy.name,
+            self.core.mode,
             len(self.fleet.instances),
         )
+        for profile in (self.core.decode, self.core.prefill):
+            log.info("routing profile %s", profile.describe())
         self._sock = sock = LoopSocket(raw, self._on_message, multipart=True)
+        watch = asyncio.get_running_loop().create_task(self._watch_silence(stop))
         try:
             await stop.wait()
         finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
             sock.close()
             await self.fleet.close()
+            if self.poller is not None:
+                await self.poller.close()
             if self.ingestor is not None:
                 await self.ingestor.close()
             self._ctx.term()
+
+    async def _watch_silence(self, stop: asyncio.Event) -> None:
+        if self.ingestor is None:
+            return
+        while not stop.is_set():
+            await asyncio.sleep(_SILENCE_CHECK_S)
+            self.ingestor.check_silence(self.clock())
+
+    def _on_load(self, key: WorkerKey, load: common_pb2.EngineLoad) -> None:
+        self.core.engine_loads.update(key, load, self.clock())
+        if self.poller is not None:
+            self.poller.pushed(key[0])
 
     def _on_fleet_change(self, events: list[InstanceEvent]) -> None:
         self.core.set_instances(self.fleet.instances)
         if self.ingestor is not None:
             self.ingestor.apply_events(events)
+        if self.poller is not None:
+            self.poller.apply(self.fleet.instances)
 
     def _on_message(self, frames: list[bytes]) -> None:
         """One message is one request, or a list of them (all a preprocessor had in one loop
@@ -112,16 +176,21 @@ class RouterService:
         if isinstance(message, RouteRequest):
             metrics = self.metrics
             started = time.perf_counter()
-            routed = core.route(message, self.clock())
+            now = self.clock()
+            decision = core.route(message, now)
             metrics.latency.observe(time.perf_counter() - started)
-            reply = routed.response
+            reply = decision.response
             if reply.instance_id is not None and not message.dry_run:
-                metrics.decisions.labels(core.policy.name).inc()
+                metrics.decisions.labels(core.mode).inc()
                 if reply.prompt_blocks:
                     metrics.hit_ratio.observe(reply.overlap_blocks / reply.prompt_blocks)
+                if reply.predicted_ttft_ms:
+                    metrics.predicted_ttft.observe(reply.predicted_ttft_ms / 1e3)
+                if self.ingestor is not None:
+                    self.ingestor.note_routed(reply.instance_id, now)
             return reply
         if isinstance(message, RouteProgress):
-            core.progress(message)
+            core.progress(message, self.clock())
         elif isinstance(message, InstanceBusy):
             core.mark_busy(message.instance_id, self.clock() + message.seconds)
         return None

@@ -70,6 +70,7 @@ class EngineInfo:
     tokenizer_path: str = ""
     local_prefill: bool = True  # False: the engine only decodes transferred KV
     is_generation: bool = True  # GetModelInfo.is_generation; False: an embedding model
+    dp_size: int = 1  # data-parallel ranks (each its own KV cache and KV-event publisher)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,18 @@ from switchyard.protos.messages import (
 _ROLES = {"prefill": ROLE_PREFILL, "decode": ROLE_DECODE}
 
 
+def _dp_size(args: dict[str, Any]) -> int:
+    """How many schedulers (KV caches, KV-event publishers) the engine runs: dp_size times
+    the attention-DP width newer SGLang resolves (`attn_dp_size`; the pinned release keeps
+    --dp-size N --enable-dp-attention as dp_size N)."""
+
+    def width(name: str) -> int:
+        value = args.get(name)
+        return int(value) if isinstance(value, int | float) and value >= 1 else 1
+
+    return width("dp_size") * width("attn_dp_size")
+
+
 def _kv_events_endpoint(config: Any, key: str = "endpoint") -> str | None:
     """server_args.kv_events_config is a JSON string (or a dict) with an `endpoint` (and, on
     newer SGLang, a `replay_endpoint`)."""
@@ -115,6 +127,7 @@ class SglangClient(EngineClient):
             max_running_requests=int(args.get("max_running_requests") or 0),
             tokenizer_path=model.tokenizer_path,
             is_generation=bool(model.is_generation),
+            dp_size=_dp_size(args),
         )
 
     @staticmethod
@@ -159,6 +172,8 @@ class SglangClient(EngineClient):
             built.logprob_start_len = 0 if request.prompt_logprobs is not None else -1
         else:
             built.logprob_start_len = -1
+        if request.data_parallel_rank is not None:
+            built.data_parallel_rank = request.data_parallel_rank
         if request.disagg is not None:
             d = request.disagg
             built.disaggregated_params.CopyFrom(

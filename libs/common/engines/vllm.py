@@ -75,6 +75,7 @@ class VllmClient(EngineClient):
             max_running_requests=int(server.max_num_seqs or 0),
             tokenizer_path=model.tokenizer_path,
             is_generation=bool(model.is_generation),
+            dp_size=max(1, int(server.data_parallel_size or 1)),
         )
 
     @staticmethod
@@ -119,6 +120,8 @@ class VllmClient(EngineClient):
         )
         if request.kv_transfer_params_json is not None:
             built.kv_transfer_params_json = request.kv_transfer_params_json
+        if request.data_parallel_rank is not None:
+            built.data_parallel_rank = request.data_parallel_rank
         return built
 
     @staticmethod

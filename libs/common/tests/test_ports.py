@@ -93,6 +93,11 @@ class TestBindingOwnPorts:
             sock.close(linger=0)
             ctx.term()
 
+    def test_wildcard_endpoint_keeps_the_port(self):
+        assert ports.wildcard_endpoint("tcp://127.0.0.1:5557") == "tcp://*:5557"
+        assert ports.wildcard_endpoint("tcp://[::1]:5557") == "tcp://*:5557"
+        assert ports.wildcard_endpoint("ipc:///tmp/kv") == "ipc:///tmp/kv"
+
     def test_ready_file_round_trip(self, tmp_path):
         path = tmp_path / "ready.json"
         with pytest.raises(RuntimeError, match="not ready"):

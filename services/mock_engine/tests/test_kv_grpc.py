@@ -1,6 +1,6 @@
-"""The cache through the gRPC APIs of both protocols: SubscribeKvEvents (live, resumed,
-truncated, ended by a stop), cached_tokens in chunks and completes, loads, server info and
-FlushCache."""
+"""The cache through the gRPC APIs of both protocols: SubscribeKvEvents (live with load
+records, refused resumes, UNIMPLEMENTED without a publisher, every DP rank, ended by a stop),
+cached_tokens in chunks and completes, loads, server info and FlushCache."""
 
 from __future__ import annotations
 
@@ -79,10 +79,32 @@ class TestToInt64:
         assert to_int64((1 << 64) - 1) == -1
 
 
+EVENTS = {"kv_events_endpoint": "tcp://127.0.0.1:*"}
+
+
+def pinned(server: MockEngineServer, rid: str, prompt: list[int], rank: int) -> Any:
+    """A one-token request pinned to a data-parallel rank."""
+    if server.config.protocol == "sglang":
+        return spb.GenerateRequest(
+            request_id=rid,
+            tokenized=spb.TokenizedInput(input_ids=prompt),
+            sampling_params=spb.SamplingParams(temperature=0.0, top_k=-1, max_new_tokens=1),
+            data_parallel_rank=rank,
+        )
+    return vpb.GenerateRequest(
+        request_id=rid,
+        tokenized=vpb.TokenizedInput(input_ids=prompt),
+        sampling_params=vpb.SamplingParams(temperature=0.0, max_tokens=1),
+        data_parallel_rank=rank,
+    )
+
+
 @pytest.mark.parametrize("protocol", ["sglang", "vllm"])
 class TestSubscribeKvEvents:
-    async def test_live_stream(self, protocol: str) -> None:
-        async with start_mock_engine(config(protocol)) as server:
+    """As the stock servicers' relay (smg-grpc-servicer) answers it."""
+
+    async def test_live_stream_with_load_records(self, protocol: str) -> None:
+        async with start_mock_engine(config(protocol, **EVENTS)) as server:
             async with grpc.aio.insecure_channel(server.target) as channel:
                 stub = stub_of(server, channel)
                 call = stub.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest())
@@ -110,38 +132,60 @@ class TestSubscribeKvEvents:
         (event,) = second.events
         assert event.event_id == 2 and event.stored.parent_block_hash == hashes[1]
         assert [list(b.token_ids) for b in event.stored.blocks] == [[9, 9, 9, 9]]
+        # Every batch carries the engine's load; the telemetry only the first record.
+        assert first.HasField("load") and first.load.max_running_requests > 0
+        assert (first.load.sample, second.load.sample) == (1, 2)
+        assert first.load.HasField("max_total_num_tokens")
+        assert not second.load.HasField("max_total_num_tokens")
+        assert not first.load.load_only
 
-    async def test_resume_replays_first(self, protocol: str) -> None:
+    async def test_unimplemented_without_a_publisher(self, protocol: str) -> None:
         async with start_mock_engine(config(protocol)) as server:
             async with grpc.aio.insecure_channel(server.target) as channel:
-                stub = stub_of(server, channel)
-                for i in range(3):
-                    await generate(server, stub, f"r{i}", [3000 + i] * 6)
-                assert server.kv_events is not None
-                last = server.kv_events.next_seq - 1
-                call = stub.SubscribeKvEvents(
-                    common_pb2.SubscribeKvEventsRequest(start_sequence_number=last - 1)
+                call = stub_of(server, channel).SubscribeKvEvents(
+                    common_pb2.SubscribeKvEventsRequest()
                 )
-                await call.initial_metadata()
-                await generate(server, stub, "live", [4000] * 6)
-                seqs = [(await call.read()).sequence_number for _ in range(3)]
-                call.cancel()
-        assert seqs == [last - 1, last, last + 1]
+                with pytest.raises(grpc.aio.AioRpcError) as raised:
+                    await call.read()
+        assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
-    async def test_resume_before_the_buffer_is_out_of_range(self, protocol: str) -> None:
-        async with start_mock_engine(config(protocol, kv_replay_buffer=1)) as server:
+    async def test_resuming_is_out_of_range(self, protocol: str) -> None:
+        async with start_mock_engine(config(protocol, **EVENTS)) as server:
             async with grpc.aio.insecure_channel(server.target) as channel:
                 stub = stub_of(server, channel)
-                for i in range(3):
-                    await generate(server, stub, f"t{i}", [5000 + i] * 6)
+                await generate(server, stub, "r", [3000] * 6)
                 request = common_pb2.SubscribeKvEventsRequest(start_sequence_number=1)
                 with pytest.raises(grpc.aio.AioRpcError) as raised:
                     async for _ in stub.SubscribeKvEvents(request):
                         pass
         assert raised.value.code() == grpc.StatusCode.OUT_OF_RANGE
 
+    async def test_heartbeat_before_the_first_batch(self, protocol: str) -> None:
+        async with start_mock_engine(config(protocol, **EVENTS)) as server:
+            async with grpc.aio.insecure_channel(server.target) as channel:
+                call = stub_of(server, channel).SubscribeKvEvents(
+                    common_pb2.SubscribeKvEventsRequest(load_records_before_first_batch=True)
+                )
+                beat = await call.read()  # the first record is new: it goes out at once
+                call.cancel()
+        assert beat.load.load_only and beat.sequence_number == 0 and not beat.events
+
+    async def test_every_rank_in_one_stream(self, protocol: str) -> None:
+        async with start_mock_engine(config(protocol, dp_size=2, **EVENTS)) as server:
+            async with grpc.aio.insecure_channel(server.target) as channel:
+                stub = stub_of(server, channel)
+                call = stub.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest())
+                await call.initial_metadata()
+                async for _ in stub.Generate(pinned(server, "one", PROMPT, rank=1)):
+                    pass
+                batch = await call.read()
+                call.cancel()
+        offset = 1 if protocol == "sglang" else 0
+        assert (batch.dp_rank, batch.sequence_number) == (1, offset)
+        assert batch.HasField("load") and batch.load.max_running_requests > 0
+
     async def test_stream_ends_when_the_engine_stops(self, protocol: str) -> None:
-        server = MockEngineServer(config(protocol))
+        server = MockEngineServer(config(protocol, **EVENTS))
         await server.start()
         try:
             async with grpc.aio.insecure_channel(server.target) as channel:

@@ -238,8 +238,49 @@ class TestSockets:
 
     async def test_endpoint_in_use_fails_the_start(self) -> None:
         async with engine_with_events("vllm") as server:
-            taken = server.kv_events_endpoint
+            assert server.kv_events_endpoint is not None
+            taken = server.kv_events_endpoint.replace("127.0.0.1", "*")  # a bind: fails
             config = MockEngineConfig(protocol="vllm", port=0, kv_events_endpoint=taken)
             with pytest.raises(OSError):
                 async with start_mock_engine(config):
                     pass
+
+
+class TestConnect:
+    """Engines connect their PUB when the endpoint names a host: the subscriber binds."""
+
+    @pytest.mark.parametrize("protocol", ["sglang", "vllm"])
+    async def test_named_host_connects_to_a_bound_sub(self, protocol: str) -> None:
+        ctx = zmq.asyncio.Context()
+        sub = ctx.socket(zmq.SUB)
+        try:
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            sub.bind("tcp://127.0.0.1:*")
+            where = sub.getsockopt(zmq.LAST_ENDPOINT).decode()
+            async with engine_with_events(
+                protocol, kv_events_endpoint=where, kv_events_topic="kv@me"
+            ) as server:
+                assert server._zmq is not None and server._zmq.connects
+                frames: list[bytes] = []
+                for n in range(50):  # the subscription reaches the PUB after it connects
+                    await generate(server, f"r{n}", [7000 + n] * 8)
+                    if await sub.poll(100):
+                        frames = await sub.recv_multipart()
+                        break
+                assert frames and frames[0] == b"kv@me"
+        finally:
+            sub.close(linger=0)
+            ctx.term()
+
+    def test_the_engines_rule(self) -> None:
+        from switchyard.mock_engine.kv_zmq import publisher_binds, rank_endpoint
+
+        assert publisher_binds("tcp://*:5557") and publisher_binds("tcp://[::]:5557")
+        assert publisher_binds("ipc:///tmp/kv") and publisher_binds("inproc://kv")
+        assert not publisher_binds("tcp://router:5557")
+        assert not publisher_binds("tcp://0.0.0.0:5557")  # both engines connect to it
+        # port 0: nothing to connect to; the mock binds a free port (its port-0 convention)
+        assert publisher_binds("tcp://127.0.0.1:0") and publisher_binds("tcp://127.0.0.1:*")
+        assert rank_endpoint("tcp://*:5557", 2) == "tcp://*:5559"
+        assert rank_endpoint("tcp://127.0.0.1:*", 2) == "tcp://127.0.0.1:*"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -171,7 +172,8 @@ class TestInfo:
         config = sglang_engine.config
         assert info.is_generation
         assert info.served_model_name == "deepseek-mock"
-        assert info.tokenizer_path == info.model_path == str(config.tokenizer_path)
+        assert info.tokenizer_path == info.model_path  # the served bundle, unpacked
+        assert (Path(info.tokenizer_path) / "tokenizer_config.json").is_file()
         assert info.max_context_length == config.num_blocks * config.block_size
         assert info.max_req_input_len == config.context_length - 1
         assert info.vocab_size == 129280

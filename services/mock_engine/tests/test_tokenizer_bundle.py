@@ -46,6 +46,25 @@ class TestGetTokenizer:
         first, second = await fetch(sglang), await fetch(sglang)
         assert first[-1].sha256 == second[-1].sha256
 
+    async def test_tokenizer_path_holds_exactly_what_get_tokenizer_serves(
+        self, sglang: Any, vllm: Any
+    ) -> None:
+        """Regression: the reported folder had no chat template while the bundle did, so a
+        client loading the tokenizer from tokenizer_path (as other gateways do) got none."""
+        from pathlib import Path
+
+        from smg_grpc_proto import sglang_scheduler_pb2, vllm_engine_pb2
+
+        for stub, proto in ((sglang, sglang_scheduler_pb2), (vllm, vllm_engine_pb2)):
+            info = await stub.GetModelInfo(proto.GetModelInfoRequest())
+            folder = Path(info.tokenizer_path)
+            data = b"".join(c.data for c in await fetch(stub))
+            with zipfile.ZipFile(io.BytesIO(data)) as archive:
+                served = {name: archive.read(name) for name in archive.namelist()}
+            on_disk = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+            assert on_disk == served
+            assert json.loads(on_disk["tokenizer_config.json"])["chat_template"]
+
 
 class TestSlices:
     def test_digest_on_last_only(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -170,7 +171,8 @@ class TestInfo:
         info = await vllm.GetModelInfo(pb.GetModelInfoRequest())
         assert info.is_generation and info.served_model_name == "deepseek-mock"
         assert info.max_context_length == vllm_engine.config.context_length
-        assert info.tokenizer_path == str(vllm_engine.config.tokenizer_path)
+        assert info.tokenizer_path == info.model_path  # the served bundle, unpacked
+        assert (Path(info.tokenizer_path) / "tokenizer_config.json").is_file()
         assert list(info.eos_token_ids) == [EOS] and info.vocab_size == 129280
         assert info.model_type == "deepseek_v3"
 

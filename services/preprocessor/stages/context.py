@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 CHAT = "chat_completions"
 COMPLETIONS = "completions"
 EMBEDDINGS = "embeddings"
+# The router's session key (session affinity); without it, the body's `user` is the key.
+SESSION_HEADER = "x-session-id"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,7 @@ class RequestInput:
     request: ChatCompletionRequest | CompletionRequest | EmbeddingRequest
     received: float  # time.perf_counter() when the body was read
     created: int  # unix seconds, for the response's `created`
+    session_id: str | None = None  # the x-session-id header, else the body's `user`
 
 
 @dataclass(slots=True)

@@ -96,14 +96,18 @@ async def run_stages(ctx: RequestContext, stages: tuple[Stage, ...]) -> None:
             timer.add(stage.name, time.perf_counter() - t0)
 
 
-def parse(deps: Deps, endpoint: str, body: bytes, received: float) -> RequestContext:
+def parse(
+    deps: Deps, endpoint: str, body: bytes, received: float, session_id: str | None = None
+) -> RequestContext:
+    """`session_id`: the x-session-id header (None: the body's `user`, if any, is the key)."""
     t0 = time.perf_counter()
     request = PARSE[endpoint](body)
     if deps.timer is not None:
         deps.timer.add("parse", time.perf_counter() - t0)
     request_id = f"{ID_PREFIX[endpoint]}-{uuid.uuid4().hex}"
+    session = session_id or request.user
     return RequestContext(
-        RequestInput(endpoint, request_id, request, received, int(time.time())), deps
+        RequestInput(endpoint, request_id, request, received, int(time.time()), session), deps
     )
 
 
@@ -223,13 +227,20 @@ async def finish(ctx: RequestContext, sink: StreamSink | CollectSink) -> None:
         ctx.deps.timer.add("finish", time.perf_counter() - t0)
 
 
-async def serve(deps: Deps, endpoint: str, body: bytes, received: float, http: HttpOut) -> int:
+async def serve(
+    deps: Deps,
+    endpoint: str,
+    body: bytes,
+    received: float,
+    http: HttpOut,
+    session_id: str | None = None,
+) -> int:
     """Answer one generation request on `http`; returns the HTTP status (200 once a stream
-    started, whatever happened in it)."""
+    started, whatever happened in it). `session_id`: the x-session-id header."""
     ctx: RequestContext | None = None
     sink: StreamSink | CollectSink | None = None
     try:
-        ctx = parse(deps, endpoint, body, received)
+        ctx = parse(deps, endpoint, body, received, session_id)
         await run_stages(ctx, PROMPT_STAGES[endpoint])
         if endpoint == EMBEDDINGS:
             deps.metrics.active.inc()

@@ -135,6 +135,7 @@ class Generation:
             logprobs=state.logprobs,
             prompt_logprobs=self.prompt_logprobs if self.attempt == 0 else None,
             reasoning=state.reasoning,
+            data_parallel_rank=routed.dp_rank,  # the rank the router chose (None: the engine's)
         )
         self.instance_id = instance_id
         self.got_tokens = False
@@ -187,6 +188,7 @@ class Generation:
                 model=ctx.inp.request.model,
                 token_ids=self.prompt_ids,
                 exclude=self.exclude,
+                session_id=ctx.inp.session_id,
             ),
             deps.limits.route_timeout,
         )

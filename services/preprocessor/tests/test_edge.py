@@ -11,8 +11,14 @@ from switchyard.preprocessor.edge import CLIENT_GONE, Edge
 from switchyard.preprocessor.metrics import PreprocessorMetrics
 
 
-def http(path: str, method: str = "POST") -> dict:
-    return {"type": "http", "method": method, "path": path, "headers": [], "query_string": b""}
+def http(path: str, method: str = "POST", headers: list | None = None) -> dict:
+    return {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "headers": headers or [],
+        "query_string": b"",
+    }
 
 
 class Client:
@@ -49,10 +55,11 @@ class Deps:
 def served(monkeypatch):
     """What `serve` sees; `behaviour` decides what it does with the HttpOut."""
     seen: list[tuple[str, bytes]] = []
-    state = {"behaviour": None}
+    state = {"behaviour": None, "sessions": []}
 
-    async def serve(deps, endpoint, body, received, out):
+    async def serve(deps, endpoint, body, received, out, session_id=None):
         seen.append((endpoint, body))
+        state["sessions"].append(session_id)
         return await state["behaviour"](out)
 
     monkeypatch.setattr(edge, "serve", serve)
@@ -75,6 +82,16 @@ async def test_generation_paths_get_the_whole_body(served):
     await app(http("/v1/chat/completions"), Client(b'{"a":', b"1}").receive, Client().send)
     await app(http("/v1/completions"), Client(b"{}").receive, Client().send)
     assert seen == [("chat_completions", b'{"a":1}'), ("completions", b"{}")]
+
+
+async def test_the_session_header_reaches_the_stages(served):
+    _, state = served
+    state["behaviour"] = answer_json
+    app = Edge(other_app, Deps(), max_body_bytes=100)
+    headers = [(b"content-type", b"application/json"), (b"x-session-id", b"conversation-7")]
+    await app(http("/v1/chat/completions", headers=headers), Client(b"{}").receive, Client().send)
+    await app(http("/v1/completions"), Client(b"{}").receive, Client().send)
+    assert state["sessions"] == ["conversation-7", None]
 
 
 async def test_other_requests_go_to_fastapi(served):

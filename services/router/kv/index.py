@@ -1,24 +1,40 @@
 """The prefix index over every worker's KV cache, keyed by the router's own block hash.
 
-Engine block hashes are opaque ids; the index keys each block by `switchyard.common.block_hash`
-of its token ids, chained with the parent block's router hash, so a request's
-`block_hashes(prompt, block_size)` meets the engines' blocks on the same keys. Per worker it
-keeps engine hash -> router hash to resolve removals and parents.
+A worker is one KV cache: an (instance id, data-parallel rank) pair (`WorkerKey`). Engine
+block hashes are opaque ids; the index keys each block by `switchyard.common.block_hash` of
+its token ids, chained with the parent block's router hash, so a request's
+`block_hashes(prompt, block_size)` meets the engines' blocks on the same keys.
 
-Layout: `_masks` maps router hash -> bitmask of the workers holding the block (each worker owns
-one bit, reused after it leaves), so `overlaps` is one dict lookup and one int AND per request
-block. Per worker, `own_of` maps engine hash -> router hash and `refs` counts the engine
-hashes behind each router hash (two engine ids may name the same content).
+Layout: per tier (the device, and "offloaded": host memory or local disk), `masks` maps router
+hash -> bitmask of the workers holding the block (each worker owns one bit, reused after it
+leaves), so `overlaps` is one dict lookup and one int AND per request block. Per worker and
+tier, `own_of` maps engine hash -> router hash, `copies` counts the physical copies of an
+engine hash beyond the first (vLLM stores the last block of an exact block-aligned repeat
+again, as a second block under the same hash, and removes each copy with its own
+BlockRemoved), and `refs` counts the engine hashes behind each router hash.
 
 Rules:
 - A BlockStored whose parent this worker never stored (or already removed) is skipped and
   counted (`unknown_parent`): without the parent's router hash its blocks cannot be keyed, and
   indexing them as roots would claim prefixes the worker does not hold.
-- Only device-tier blocks of the base model are indexed: events about host/disk tiers
-  (`skipped_tier`) and blocks stored under a LoRA or cache salt (`skipped_namespace`) are not.
+- Tiers (`medium`): GPU / device (or none said) is the device tier; CPU, CPU_PINNED, DISK,
+  ... (SGLang HiCache, vLLM offloading) the offloaded tier, counted apart so a router can
+  weigh a host hit below a device one; REMOTE / EXTERNAL / SHARED pools and a non-local
+  `locality` are not this worker's cache (`skipped_tier`). An unknown medium is the device.
+- Hybrid models (vLLM `group_idx` / `kv_cache_spec_kind`): each KV-cache group publishes the
+  same block hashes. Only main-attention groups (full, MLA, sink-full attention) are indexed;
+  sliding-window and state-space groups are skipped (`skipped_group`), so their earlier
+  evictions never drop a block the full-attention group still holds. An event without a kind
+  follows what the worker's group was learned to be; an unknown group counts as main. (vLLM's
+  hybrid coordinator reuses a prefix only as far as every group can: the full-attention hit,
+  shortened until the sliding-window group holds the window before it. Indexing the
+  full-attention group is the upper bound of that, exact for models whose window groups keep
+  their recent blocks, which LRU eviction favours.)
+- Blocks stored under a LoRA (`lora_id` / `lora_name`), a cache salt or other per-block
+  `extra_keys` (multimodal items) are not indexed (`skipped_namespace`): the engine hashed
+  them with inputs a prompt's token ids do not carry.
 - A BlockStored whose token_ids do not cover its blocks exactly is skipped (`malformed_stored`).
-- Index a prompt with the same block size as the engine's (Instance.block_size): blocks hashed
-  at another size never match.
+- Index a prompt with the same block size as the engine's (Instance.block_size).
 
 Pure and synchronous: no I/O, no locks; callers apply batches from one event loop.
 """
@@ -29,70 +45,148 @@ import heapq
 from collections.abc import Iterable, Sequence
 
 from switchyard.common.block_hash import block_hashes
-from switchyard.router.kv.types import Cleared, KvCounters, Record, Removed, Stored
+from switchyard.router.kv.types import (
+    CLEARED_KIND,
+    REMOVED,
+    STORED,
+    EngineHash,
+    KvCounters,
+    Record,
+    Removed,
+    Stored,
+    WorkerKey,
+)
+
+DEVICE, OFFLOADED = 0, 1
+SKIP = -1
+_TIER_OF_MEDIUM = {
+    "GPU": DEVICE,
+    "DEVICE": DEVICE,
+    "HBM": DEVICE,
+    "CPU": OFFLOADED,
+    "CPU_PINNED": OFFLOADED,
+    "CPU_TIER1": OFFLOADED,
+    "CPU_TIER2": OFFLOADED,
+    "HOST": OFFLOADED,
+    "DISK": OFFLOADED,
+    "NVME": OFFLOADED,
+    "STORAGE": OFFLOADED,
+    "EXTERNAL": SKIP,
+    "NETWORK": SKIP,
+    "REMOTE": SKIP,
+    "SHARED": SKIP,
+}
+MAIN_ATTENTION_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
+_RESIDENCY_AGENT = "kvcr"  # blocks a residency agent owns, not the engine's own cache
+
+
+def tier_of(medium: str | None, locality: str | None = None) -> int:
+    if locality is not None and locality.upper() != "LOCAL":
+        return SKIP
+    if medium is None:
+        return DEVICE
+    tier = _TIER_OF_MEDIUM.get(medium)
+    if tier is None:
+        tier = _TIER_OF_MEDIUM.get(medium.upper(), DEVICE)
+    return tier
+
+
+class _TierState:
+    __slots__ = ("own_of", "copies", "refs")
+
+    def __init__(self) -> None:
+        self.own_of: dict[EngineHash, int] = {}  # engine hash -> router hash
+        self.copies: dict[EngineHash, int] = {}  # engine hash -> copies beyond the first
+        self.refs: dict[int, int] = {}  # router hash -> engine hashes naming it
 
 
 class _Worker:
-    __slots__ = ("instance_id", "slot", "bit", "own_of", "refs")
+    __slots__ = ("key", "slot", "bit", "tiers", "groups")
 
-    def __init__(self, instance_id: int, slot: int) -> None:
-        self.instance_id = instance_id
+    def __init__(self, key: WorkerKey, slot: int) -> None:
+        self.key = key
         self.slot = slot
         self.bit = 1 << slot
-        self.own_of: dict[int, int] = {}  # engine hash -> router hash
-        self.refs: dict[int, int] = {}  # router hash -> engine hashes naming it
+        self.tiers = (_TierState(), _TierState())
+        self.groups: dict[int, bool] = {}  # cache group -> is a main-attention group
 
 
 class KvIndex:
     def __init__(self, counters: KvCounters | None = None) -> None:
         self.counters = counters if counters is not None else KvCounters()
-        self._masks: dict[int, int] = {}  # router hash -> bitmask of holding workers
-        self._workers: dict[int, _Worker] = {}
-        self._slots: list[int | None] = []  # bit position -> instance id
+        # per tier: router hash -> bitmask of holding workers
+        self._masks: tuple[dict[int, int], dict[int, int]] = ({}, {})
+        self._workers: dict[WorkerKey, _Worker] = {}
+        self._slots: list[WorkerKey | None] = []  # bit position -> worker
         self._free: list[int] = []  # heap of reusable bit positions
 
     # ---- events -------------------------------------------------------------------------
 
-    def apply_batch(self, instance_id: int, records: Iterable[Record]) -> None:
+    def apply_batch(self, worker: WorkerKey, records: Iterable[Record]) -> None:
         """Apply one batch of a worker's events, in order."""
-        worker = self._worker(instance_id)
+        w = self._worker(worker)
         applied = 0
         for record in records:
-            kind = type(record)
-            if kind is Stored:
-                self._store(worker, record)
-            elif kind is Removed:
-                self._remove(worker, record)
-            elif kind is Cleared:
-                self._clear(worker)
+            kind = record.KIND
+            if kind == STORED:
+                self._store(w, record)  # type: ignore[arg-type]
+            elif kind == REMOVED:
+                self._remove(w, record)  # type: ignore[arg-type]
+            elif kind == CLEARED_KIND and record.ownership is None:  # type: ignore[union-attr]
+                self._clear(w)
             applied += 1
-        self.counters.events_applied += applied
-        self.counters.batches_applied += 1
+        counters = self.counters
+        counters.events_applied += applied
+        counters.batches_applied += 1
 
-    def clear_worker(self, instance_id: int) -> None:
+    def clear_worker(self, worker: WorkerKey) -> None:
         """Forget every block of a worker (AllBlocksCleared, an engine restart)."""
-        worker = self._workers.get(instance_id)
-        if worker is not None:
-            self._clear(worker)
+        w = self._workers.get(worker)
+        if w is not None:
+            self._clear(w)
+            w.groups.clear()
 
-    def remove_worker(self, instance_id: int) -> None:
-        worker = self._workers.pop(instance_id, None)
-        if worker is None:
+    def remove_worker(self, worker: WorkerKey) -> None:
+        w = self._workers.pop(worker, None)
+        if w is None:
             return
-        self._clear(worker)
-        self._slots[worker.slot] = None
-        heapq.heappush(self._free, worker.slot)
+        self._clear(w)
+        self._slots[w.slot] = None
+        heapq.heappush(self._free, w.slot)
+
+    def remove_instance(self, instance_id: int) -> None:
+        """Drop every rank of an instance."""
+        for key in [k for k in self._workers if k[0] == instance_id]:
+            self.remove_worker(key)
 
     # ---- queries ------------------------------------------------------------------------
 
-    def overlaps(self, request_block_hashes: Sequence[int]) -> dict[int, int]:
-        """instance id -> number of leading blocks of the request the worker holds. Workers
+    def overlaps(self, request_block_hashes: Sequence[int]) -> dict[WorkerKey, int]:
+        """worker -> number of leading blocks of the request it holds on the device. Workers
         that do not hold the first block are absent (overlap 0)."""
-        result: dict[int, int] = {}
-        get = self._masks.get
+        return self._walk(request_block_hashes, self._masks[DEVICE], None)
+
+    def overlaps_any_tier(self, request_block_hashes: Sequence[int]) -> dict[WorkerKey, int]:
+        """worker -> leading blocks held on the device or offloaded (empty without offloaded
+        blocks anywhere)."""
+        offloaded = self._masks[OFFLOADED]
+        if not offloaded:
+            return {}
+        return self._walk(request_block_hashes, self._masks[DEVICE], offloaded)
+
+    def has_offloaded(self) -> bool:
+        return bool(self._masks[OFFLOADED])
+
+    def _walk(
+        self, hashes: Sequence[int], masks: dict[int, int], extra: dict[int, int] | None
+    ) -> dict[WorkerKey, int]:
+        result: dict[WorkerKey, int] = {}
+        get = masks.get
+        other = extra.get if extra is not None else None
         active = -1  # every bit: the set of workers still matching
-        for depth, h in enumerate(request_block_hashes):
-            matching = active & get(h, 0)
+        for depth, h in enumerate(hashes):
+            held = get(h, 0) if other is None else get(h, 0) | other(h, 0)
+            matching = active & held
             if matching != active:
                 if depth:
                     self._credit(result, active & ~matching, depth)
@@ -100,56 +194,89 @@ class KvIndex:
                     return result
                 active = matching
         if active != -1:
-            self._credit(result, active, len(request_block_hashes))
+            self._credit(result, active, len(hashes))
         return result
 
-    def size(self, instance_id: int) -> int:
-        """Distinct blocks the worker holds (0 for an unknown worker)."""
-        worker = self._workers.get(instance_id)
-        return len(worker.refs) if worker is not None else 0
+    def size(self, worker: WorkerKey, tier: int = DEVICE) -> int:
+        """Distinct blocks the worker holds on a tier (0 for an unknown worker)."""
+        w = self._workers.get(worker)
+        return len(w.tiers[tier].refs) if w is not None else 0
 
-    def workers(self) -> list[int]:
+    def copies(self, worker: WorkerKey, engine_hash: EngineHash, tier: int = DEVICE) -> int:
+        """Physical copies of an engine block the worker holds (0: none)."""
+        w = self._workers.get(worker)
+        if w is None or engine_hash not in w.tiers[tier].own_of:
+            return 0
+        return 1 + w.tiers[tier].copies.get(engine_hash, 0)
+
+    def workers(self) -> list[WorkerKey]:
         return list(self._workers)
 
-    def holders(self, router_hash: int) -> set[int]:
+    def holders(self, router_hash: int, tier: int = DEVICE) -> set[WorkerKey]:
         """Workers holding one block (for tests and debugging)."""
-        result: dict[int, int] = {}
-        self._credit(result, self._masks.get(router_hash, 0), 0)
+        result: dict[WorkerKey, int] = {}
+        self._credit(result, self._masks[tier].get(router_hash, 0), 0)
         return set(result)
 
     def __len__(self) -> int:
-        """Distinct blocks over all workers."""
-        return len(self._masks)
+        """Distinct device blocks over all workers."""
+        return len(self._masks[DEVICE])
 
     # ---- internals ----------------------------------------------------------------------
 
-    def _worker(self, instance_id: int) -> _Worker:
-        worker = self._workers.get(instance_id)
-        if worker is None:
+    def _worker(self, key: WorkerKey) -> _Worker:
+        w = self._workers.get(key)
+        if w is None:
             if self._free:
                 slot = heapq.heappop(self._free)
-                self._slots[slot] = instance_id
+                self._slots[slot] = key
             else:
                 slot = len(self._slots)
-                self._slots.append(instance_id)
-            worker = self._workers[instance_id] = _Worker(instance_id, slot)
-        return worker
+                self._slots.append(key)
+            w = self._workers[key] = _Worker(key, slot)
+        return w
 
-    def _credit(self, result: dict[int, int], bits: int, depth: int) -> None:
+    def _credit(self, result: dict[WorkerKey, int], bits: int, depth: int) -> None:
         slots = self._slots
         while bits:
             low = bits & -bits
-            instance_id = slots[low.bit_length() - 1]
-            if instance_id is not None:
-                result[instance_id] = depth
+            key = slots[low.bit_length() - 1]
+            if key is not None:
+                result[key] = depth
             bits ^= low
 
-    def _store(self, worker: _Worker, record: Stored) -> None:
+    def _group_skipped(self, w: _Worker, group: int, kind: str | None, learn: bool) -> bool:
+        if kind is not None:
+            main = kind in MAIN_ATTENTION_KINDS
+            if learn:
+                w.groups[group] = main
+        else:
+            main = w.groups.get(group, True)
+        if not main:
+            self.counters.skipped_group += 1
+        return not main
+
+    def _store(self, w: _Worker, record: Stored) -> None:
         counters = self.counters
-        if not record.device:
+        tier = DEVICE
+        if record.medium is not None or record.locality is not None:
+            tier = tier_of(record.medium, record.locality)
+            if tier == SKIP:
+                counters.skipped_tier += 1
+                return
+        if record.ownership is not None and record.ownership.lower() == _RESIDENCY_AGENT:
             counters.skipped_tier += 1
             return
-        if record.namespace is not None:
+        if record.group_idx is not None and self._group_skipped(
+            w, record.group_idx, record.kv_cache_spec_kind, True
+        ):
+            return
+        extra = record.extra_keys
+        if (
+            record.lora_id is not None
+            or record.lora_name is not None
+            or (extra and any(keys for keys in extra))
+        ):
             counters.skipped_namespace += 1
             return
         engine_hashes = record.block_hashes
@@ -161,64 +288,121 @@ class KvIndex:
         if size <= 0 or len(tokens) != n * size:
             counters.malformed_stored += 1
             return
-        own_of = worker.own_of
-        parent = record.parent
+        state = w.tiers[tier]
+        own_of = state.own_of
+        parent = record.parent_block_hash
         if parent is not None:
-            parent = own_of.get(parent)
-            if parent is None:
-                counters.unknown_parent += 1
-                return
+            found = own_of.get(parent)
+            if found is None:  # a chain may continue on another tier (offloaded parents)
+                found = w.tiers[1 - tier].own_of.get(parent)
+                if found is None:
+                    counters.unknown_parent += 1
+                    return
+            parent = found
         try:
             owns = block_hashes(tokens, size, parent)
         except (TypeError, ValueError):  # token ids that are not u32
             counters.malformed_stored += 1
             return
-        refs = worker.refs
-        masks = self._masks
-        bit = worker.bit
+        refs = state.refs
+        masks = self._masks[tier]
+        bit = w.bit
+        counters.blocks_stored += n
+        if own_of.keys().isdisjoint(engine_hashes) and refs.keys().isdisjoint(owns):
+            # The common case, new blocks of new content for this worker: dict operations
+            # done in C, not per block in Python.
+            own_of.update(zip(engine_hashes, owns, strict=True))
+            refs.update(dict.fromkeys(owns, 1))
+            if masks.keys().isdisjoint(owns):  # and no worker holds them yet
+                masks.update(dict.fromkeys(owns, bit))
+            else:
+                get = masks.get
+                for own in owns:
+                    masks[own] = get(own, 0) | bit
+            return
         for engine_hash, own in zip(engine_hashes, owns, strict=True):
             previous = own_of.get(engine_hash)
-            if previous == own:
-                continue  # stored again (vLLM re-stores a fully cached prompt's last block)
             if previous is not None:
-                self._release(worker, previous)
+                if previous == own:  # another physical copy of a block already held
+                    state.copies[engine_hash] = state.copies.get(engine_hash, 0) + 1
+                    counters.duplicate_stores += 1
+                    continue
+                # The engine reused the id for other content: the old block is gone.
+                state.copies.pop(engine_hash, None)
+                self._release(state, masks, bit, previous)
             own_of[engine_hash] = own
             count = refs.get(own, 0)
             refs[own] = count + 1
             if not count:
                 masks[own] = masks.get(own, 0) | bit
 
-    def _remove(self, worker: _Worker, record: Removed) -> None:
-        if not record.device:
-            self.counters.skipped_tier += 1
+    def _remove(self, w: _Worker, record: Removed) -> None:
+        tier = DEVICE
+        if record.medium is not None or record.locality is not None:
+            tier = tier_of(record.medium, record.locality)
+            if tier == SKIP:
+                self.counters.skipped_tier += 1
+                return
+        if record.group_idx is not None and self._group_skipped(w, record.group_idx, None, False):
             return
-        pop = worker.own_of.pop
+        state = w.tiers[tier]
+        own_of = state.own_of
+        copies = state.copies
+        masks = self._masks[tier]
+        bit = w.bit
+        if not copies:
+            pop = own_of.pop
+            refs = state.refs
+            keep = ~bit
+            for own in [pop(h, None) for h in record.block_hashes]:
+                if own is None:  # unknown: a block we skipped, or never saw stored
+                    continue
+                count = refs[own] - 1
+                if count:
+                    refs[own] = count
+                    continue
+                del refs[own]
+                mask = masks[own] & keep
+                if mask:
+                    masks[own] = mask
+                else:
+                    del masks[own]
+            return
         for engine_hash in record.block_hashes:
-            own = pop(engine_hash, None)
+            extra = copies.get(engine_hash)
+            if extra is not None:  # one physical copy goes, the block stays
+                if extra > 1:
+                    copies[engine_hash] = extra - 1
+                else:
+                    del copies[engine_hash]
+                continue
+            own = own_of.pop(engine_hash, None)
             if own is not None:  # unknown: a block we skipped, or never saw stored
-                self._release(worker, own)
+                self._release(state, masks, bit, own)
 
-    def _release(self, worker: _Worker, own: int) -> None:
-        refs = worker.refs
+    @staticmethod
+    def _release(state: _TierState, masks: dict[int, int], bit: int, own: int) -> None:
+        refs = state.refs
         count = refs[own] - 1
         if count:
             refs[own] = count
             return
         del refs[own]
-        mask = self._masks[own] & ~worker.bit
+        mask = masks[own] & ~bit
         if mask:
-            self._masks[own] = mask
+            masks[own] = mask
         else:
-            del self._masks[own]
+            del masks[own]
 
-    def _clear(self, worker: _Worker) -> None:
-        masks = self._masks
-        keep = ~worker.bit
-        for own in worker.refs:
-            mask = masks[own] & keep
-            if mask:
-                masks[own] = mask
-            else:
-                del masks[own]
-        worker.own_of.clear()
-        worker.refs.clear()
+    def _clear(self, w: _Worker) -> None:
+        keep = ~w.bit
+        for state, masks in zip(w.tiers, self._masks, strict=True):
+            for own in state.refs:
+                mask = masks[own] & keep
+                if mask:
+                    masks[own] = mask
+                else:
+                    del masks[own]
+            state.own_of.clear()
+            state.copies.clear()
+            state.refs.clear()

@@ -1,40 +1,59 @@
-"""One KV-event source per instance, following fleet's Added/Updated/Removed events.
+"""The KV-event sources of every instance, following fleet's Added/Updated/Removed events.
 
-    ingestor = KvIngestor(index)
+    ingestor = KvIngestor(index, listener=ListenerSpec("bind", "tcp://*:5557"))
+    await ingestor.start()                       # binds the listener's rank-0 SUB
     fleet = FleetClient(..., on_change=ingestor.apply_events)   # runs inside the event loop
     ...
     await ingestor.close()
 
-Source per instance: a ZmqKvSource when the instance has a `kv_events_endpoint` (a wildcard
-bind address is made connectable with the host of the instance's URL; likewise the replay
-endpoint), else a GrpcKvSource on the engine's SubscribeKvEvents (when `open_client` is given;
-by default a channel of its own to the engine's URL), else none. An Updated instance whose
-endpoints did not change keeps its source; one whose endpoints changed gets a new source,
-which starts from an empty view of the worker. Removed stops the source and drops the worker
-from the index.
+Each data-parallel rank r of an instance is one worker (instance id, r) with its own KvStream
+(sequence and replay), fed by whichever transport the engine uses:
+- the engine binds its PUB (an advertised `kv_events_endpoint`, wildcard host made
+  connectable by fleet): a SUB connected to rank r's endpoint (base port + r); replay at the
+  replay endpoint + r;
+- the engine connects its PUB to the router (or to a `kv-proxy` the router connects to):
+  the listener's rank-r SUB, the engine told apart by the topic the pattern gives it.
+With a listener, every instance is registered with it as well as connected to when it
+advertises an endpoint: an engine has one PUB socket, so only one of the two ever delivers,
+and neither the router nor fleet needs to know which way each engine was configured.
+Without an advertised endpoint and without a listener: the engine's gRPC SubscribeKvEvents
+(every rank in one stream, with load records). None of these: no KV view of that engine.
+
+An Updated instance whose sources did not change keeps them; one whose sources changed gets
+new ones, which start from an empty view. Removed stops them and drops the workers.
+
+Silence: an instance the router has routed requests to, that has delivered nothing (no live
+batch, no replayed batch) `silence_after` seconds after the first of them, is reported once
+with a WARNING naming what was expected, and counted (`silent`) until it is heard from.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import urlsplit
 
 import zmq.asyncio
+from smg_grpc_proto.generated import common_pb2
 
 from switchyard.common.engines.base import EngineClient
+from switchyard.common.ports import PortRange
 from switchyard.protos.messages import Instance, InstanceEvent, InstanceRemoved
 from switchyard.router.kv.grpc_source import GrpcKvSource
 from switchyard.router.kv.index import KvIndex
-from switchyard.router.kv.subscriber import ZmqKvSource, resolve_endpoint
-from switchyard.router.kv.types import KvCounters
+from switchyard.router.kv.listener import DEFAULT_TOPIC_PATTERN, TopicListener, check_topic_pattern
+from switchyard.router.kv.stream import KvStream
+from switchyard.router.kv.subscriber import ZmqKvSource, rank_endpoint, resolve_endpoint
+from switchyard.router.kv.types import KvCounters, WorkerKey
 
 log = logging.getLogger(__name__)
 
 OpenClient = Callable[[Instance], EngineClient]
+OnLoad = Callable[[WorkerKey, common_pb2.EngineLoad], None]
 
 
 class _Source(Protocol):
@@ -49,34 +68,75 @@ def open_engine_client(instance: Instance) -> EngineClient:
 
 
 @dataclass(frozen=True, slots=True)
+class ListenerSpec:
+    """The router's own SUB sockets for engines that connect: `bind` at `endpoint`, or
+    `connect` to a kv-proxy backend there."""
+
+    mode: str
+    endpoint: str
+    topic_pattern: str = DEFAULT_TOPIC_PATTERN
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("bind", "connect"):
+            raise ValueError(f"listener mode must be bind or connect, got {self.mode!r}")
+        check_topic_pattern(self.topic_pattern)
+
+    def topic(self, instance: Instance) -> str:
+        parts = urlsplit(instance.url)
+        return self.topic_pattern.format(
+            host=parts.hostname or "",
+            port=parts.port or "",
+            model=instance.model,
+            instance_id=instance.instance_id,
+            url=instance.url,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class SourceSpec:
-    """What a source connects to: equal specs mean the running source can stay."""
+    """What an instance's sources connect to: equal specs mean the running ones can stay."""
 
     kind: str  # "zmq" | "grpc"
-    endpoint: str  # the SUB endpoint, or the engine URL
-    replay_endpoint: str | None = None
+    ranks: int = 1
+    endpoints: tuple[str, ...] = ()  # per rank; empty: listener only
+    replay_endpoints: tuple[str | None, ...] = ()
+    topic: str | None = None  # the listener's topic for it
+    host: str | None = None
+    url: str = ""
     protocol: str = ""
 
 
-def source_spec(instance: Instance, grpc_fallback: bool = True) -> SourceSpec | None:
+def source_spec(
+    instance: Instance, listener: ListenerSpec | None = None, grpc_fallback: bool = True
+) -> SourceSpec | None:
     host = urlsplit(instance.url).hostname
+    ranks = max(1, instance.dp_size)
+    topic = listener.topic(instance) if listener is not None else None
+    replay = instance.kv_replay_endpoint
+    replays = tuple(
+        rank_endpoint(resolve_endpoint(replay, host), r) if replay else None for r in range(ranks)
+    )
     if instance.kv_events_endpoint:
-        replay = instance.kv_replay_endpoint
-        return SourceSpec(
-            "zmq",
-            resolve_endpoint(instance.kv_events_endpoint, host),
-            resolve_endpoint(replay, host) if replay else None,
-        )
+        base = resolve_endpoint(instance.kv_events_endpoint, host)
+        endpoints = tuple(rank_endpoint(base, r) for r in range(ranks))
+        return SourceSpec("zmq", ranks, endpoints, replays, topic, host)
+    if listener is not None:
+        return SourceSpec("zmq", ranks, (), replays, topic, host)
     if grpc_fallback:
-        return SourceSpec("grpc", instance.url, protocol=instance.protocol)
+        return SourceSpec("grpc", ranks, url=instance.url, protocol=instance.protocol)
     return None
 
 
 @dataclass(slots=True)
 class _Running:
+    instance: Instance
     spec: SourceSpec
-    source: _Source
-    task: asyncio.Task[None]
+    streams: list[KvStream] = field(default_factory=list)
+    grpc: GrpcKvSource | None = None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    heard: bool = False
+    first_routed: float | None = None
+    reported: bool = False
 
 
 class KvIngestor:
@@ -87,6 +147,10 @@ class KvIngestor:
         context: zmq.asyncio.Context | None = None,
         open_client: OpenClient | None = open_engine_client,
         replay_timeout: float = 2.0,
+        listener: ListenerSpec | None = None,
+        on_load: OnLoad | None = None,
+        silence_after: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`context`: a shared ZMQ context (left open by close); by default the ingestor
         creates and terminates its own. `open_client` None disables the gRPC fallback."""
@@ -95,18 +159,41 @@ class KvIngestor:
         self._own_context = context is None
         self._open_client = open_client
         self._replay_timeout = replay_timeout
+        self.listener_spec = listener
+        self.listener: TopicListener | None = None
+        self._on_load = on_load
+        self.silence_after = silence_after
+        self._clock = clock
         self._running: dict[int, _Running] = {}
         self._stopping: set[asyncio.Task[None]] = set()
         self._closed = False
+        self.silent: dict[int, str] = {}  # instance id -> why it is reported silent
 
     @property
     def counters(self) -> KvCounters:
         return self.index.counters
 
-    def source(self, instance_id: int) -> object | None:
-        """The source following an instance (None when it has none)."""
+    async def start(self, ports: PortRange | None = None) -> None:
+        """Open the listener's rank-0 socket now, so a bad endpoint fails at start-up (a port
+        0 to bind is searched in `ports`)."""
+        spec = self.listener_spec
+        if spec is not None and self.listener is None:
+            self.listener = TopicListener(
+                self._context, self.counters, endpoint=spec.endpoint, mode=spec.mode, ports=ports
+            )
+            self.listener.ensure_ranks(1)
+
+    def streams(self, instance_id: int) -> list[KvStream]:
+        """The instance's per-rank streams (empty for a gRPC source or none)."""
         running = self._running.get(instance_id)
-        return running.source if running is not None else None
+        return running.streams if running is not None else []
+
+    def source(self, instance_id: int) -> object | None:
+        """The gRPC source, or the rank-0 stream, following an instance (None: none)."""
+        running = self._running.get(instance_id)
+        if running is None:
+            return None
+        return running.grpc or (running.streams[0] if running.streams else None)
 
     def apply_events(self, events: Iterable[InstanceEvent]) -> None:
         """Start, restart or stop sources. Call from inside the event loop; never blocks."""
@@ -115,18 +202,77 @@ class KvIngestor:
         for event in events:
             if isinstance(event, InstanceRemoved):
                 self._stop(event.instance_id)
-                self.index.remove_worker(event.instance_id)
+                self.index.remove_instance(event.instance_id)
                 continue
             instance = event.instance
-            spec = source_spec(instance, self._open_client is not None)
+            spec = source_spec(instance, self.listener_spec, self._open_client is not None)
             running = self._running.get(instance.instance_id)
             if running is not None and running.spec == spec:
+                running.instance = instance
                 continue
             self._stop(instance.instance_id)
-            if spec is None:
-                self.index.remove_worker(instance.instance_id)
-            else:
+            self.index.remove_instance(instance.instance_id)
+            if spec is not None:
                 self._start(instance, spec)
+
+    # ---- silence ------------------------------------------------------------------------
+
+    def note_routed(self, instance_id: int, now: float) -> None:
+        """The router sent a request to the instance (the basis of silence reports)."""
+        running = self._running.get(instance_id)
+        if running is not None and running.first_routed is None and not running.heard:
+            running.first_routed = now
+
+    def check_silence(self, now: float | None = None) -> list[int]:
+        """Report instances silent past `silence_after`; returns those newly reported."""
+        now = self._clock() if now is None else now
+        newly = []
+        for iid, running in self._running.items():
+            if running.heard or running.reported:
+                continue
+            grpc = running.grpc
+            if grpc is not None and grpc.unimplemented:
+                why = "its SubscribeKvEvents is UNIMPLEMENTED (no KV-event publisher configured)"
+            elif running.first_routed is None or now - running.first_routed < self.silence_after:
+                continue
+            else:
+                why = self._expected(running)
+            running.reported = True
+            self.silent[iid] = why
+            newly.append(iid)
+            log.warning(
+                "no KV events from instance_id=%d %s (%s): KV-aware routing cannot see its cache",
+                iid,
+                running.instance.url,
+                why
+                if grpc is not None and grpc.unimplemented
+                else f"{why}, {self.silence_after:.0f} s after the router first sent it a request",
+            )
+        return newly
+
+    def _expected(self, running: _Running) -> str:
+        spec = running.spec
+        parts = []
+        if spec.endpoints:
+            parts.append(f"nothing on its PUB socket {', '.join(spec.endpoints)}")
+        if self.listener is not None and spec.topic is not None:
+            parts.append(
+                f"nothing with topic {spec.topic!r} on the router's "
+                f"{', '.join(self.listener.endpoints)}"
+            )
+        if spec.kind == "grpc":
+            parts.append("no batch on its SubscribeKvEvents stream")
+        return "; ".join(parts) or "no source"
+
+    def _heard(self, instance_id: int) -> None:
+        running = self._running.get(instance_id)
+        if running is None or running.heard:
+            return
+        running.heard = True
+        if self.silent.pop(instance_id, None) is not None:
+            log.info("KV events from instance_id=%d arriving now", instance_id)
+
+    # ---- lifecycle ----------------------------------------------------------------------
 
     async def close(self) -> None:
         self._closed = True
@@ -134,46 +280,93 @@ class KvIngestor:
             self._stop(instance_id)
         if self._stopping:
             await asyncio.gather(*self._stopping, return_exceptions=True)
+        if self.listener is not None:
+            await self.listener.close()
         if self._own_context:
             self._context.term()
 
-    # ---- internals ----------------------------------------------------------------------
-
     def _start(self, instance: Instance, spec: SourceSpec) -> None:
         iid = instance.instance_id
-        source: _Source
-        if spec.kind == "zmq":
-            source = ZmqKvSource(
+        running = _Running(instance, spec)
+        self._running[iid] = running
+        loop = asyncio.get_running_loop()
+
+        def contact() -> None:
+            self._heard(iid)
+
+        if spec.kind == "grpc":
+            if self._open_client is None:  # source_spec gives "grpc" only with a factory
+                return
+            on_load = self._on_load
+            source = GrpcKvSource(
                 iid,
+                self._open_client(instance),
                 self.index,
-                self.index.counters,
-                self._context,
-                endpoint=spec.endpoint,
-                replay_endpoint=spec.replay_endpoint,
-                replay_timeout=self._replay_timeout,
+                self.counters,
+                on_load=(lambda rank, load: on_load((iid, rank), load)) if on_load else None,
             )
-        elif self._open_client is not None:
-            client = self._open_client(instance)
-            source = GrpcKvSource(iid, client, self.index, self.index.counters)
-        else:  # source_spec gives "grpc" only with a client factory
+            source.on_contact = contact
+            running.grpc = source
+            running.tasks.append(loop.create_task(self._follow(iid, source), name=f"kv:{iid}"))
             return
-        task = asyncio.get_running_loop().create_task(
-            self._follow(iid, source), name=f"kv-events:{iid}"
-        )
-        self._running[iid] = _Running(spec, source, task)
-        log.debug("kv source started instance_id=%d spec=%s", iid, spec)
+        for rank in range(spec.ranks):
+            key = (iid, rank)
+            self.index.clear_worker(key)
+            stream = KvStream(
+                key,
+                self.index,
+                self.counters,
+                self._context,
+                replay_endpoint=spec.replay_endpoints[rank] if spec.replay_endpoints else None,
+                replay_timeout=self._replay_timeout,
+                name=f"{iid}/{rank}",
+            )
+            stream.on_contact = contact
+            running.streams.append(stream)
+            if spec.endpoints:
+                source = ZmqKvSource(
+                    stream,
+                    self.counters,
+                    self._context,
+                    endpoint=spec.endpoints[rank],
+                    handshake_timeout=self._replay_timeout,
+                )
+                running.tasks.append(
+                    loop.create_task(self._follow(iid, source), name=f"kv:{iid}/{rank}")
+                )
+        if self.listener is not None and spec.topic is not None:
+            try:
+                self.listener.register(iid, spec.topic, spec.host, running.streams)
+            except (zmq.ZMQError, OSError) as exc:
+                log.warning("kv events: cannot listen for instance_id=%d: %s", iid, exc)
+            if not spec.endpoints:
+                for stream in running.streams:
+                    stream.start()
+        log.debug("kv sources started instance_id=%d spec=%s", iid, spec)
 
     def _stop(self, instance_id: int) -> None:
         running = self._running.pop(instance_id, None)
+        self.silent.pop(instance_id, None)
         if running is None:
             return
-        running.task.cancel()  # it never touches the index again: it is not scheduled
-        self._stopping.add(running.task)
-        running.task.add_done_callback(self._stopping.discard)
+        if self.listener is not None:
+            self.listener.unregister(instance_id)
+        tasks = list(running.tasks)
+        for task in tasks:
+            task.cancel()  # it never touches the index again: it is not scheduled
+        closing = asyncio.get_running_loop().create_task(self._close_streams(running, tasks))
+        self._stopping.add(closing)
+        closing.add_done_callback(self._stopping.discard)
+
+    @staticmethod
+    async def _close_streams(running: _Running, tasks: list[asyncio.Task[None]]) -> None:
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for stream in running.streams:
+            await stream.close()
 
     async def _follow(self, instance_id: int, source: _Source) -> None:
         try:
             await source.run()
         except Exception:
             log.exception("kv source failed instance_id=%d: worker view dropped", instance_id)
-            self.index.clear_worker(instance_id)
+            self.index.remove_instance(instance_id)

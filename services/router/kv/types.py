@@ -1,39 +1,75 @@
 """Contracts of KV ingestion: the records every event source produces, the sink they feed
-(the index), and the counters they share. Implementations import these, never the reverse.
+(the index), the counters they share, and what names a worker. Implementations import these,
+never the reverse.
 
-Records are small frozen msgspec structs (cheap to create, no GC tracking): one per engine
-event, whatever the wire (ZMQ msgpack arrays or maps, gRPC KvCacheEvent). Hashes in them are
-the engine's opaque block hashes as unsigned 64-bit ints.
+Records are msgspec structs shaped as the engines' own events (vLLM's field order), so the ZMQ
+decoder turns a payload straight into them in C: `Stored`/`Removed`/`Cleared` are the
+tag-first array form, `StoredMap`/`RemovedMap`/`ClearedMap` (subclasses) the `"type"`-keyed
+map form; the gRPC source builds the array-form classes. Engine block hashes stay exactly as
+the engine sent them (an int of either sign, or bytes): they are only ever compared with other
+hashes of the same engine stream, so no normalization is needed on the hot path.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Protocol
+from typing import Any, ClassVar, Protocol
 
 import msgspec
 
+# A routable KV cache: an engine instance and one of its data-parallel ranks (0 without DP).
+WorkerKey = tuple[int, int]
 
-class Stored(msgspec.Struct, frozen=True, gc=False):
+EngineHash = int | bytes
+
+# Record kinds (a class attribute: one attribute read dispatches a record in the index).
+STORED, REMOVED, CLEARED_KIND = 0, 1, 2
+
+
+class Stored(msgspec.Struct, array_like=True, tag="BlockStored", gc=False):
     """BlockStored: `block_hashes[i]` covers `token_ids[i*block_size:(i+1)*block_size]`.
-    `block_size` is 0 when the event did not say (the index infers it). `device` is False for
-    blocks on another tier (host memory, disk, a remote pool); `namespace` is the LoRA id/name
-    or cache salt the engine hashed under (None for the base model)."""
+    `block_size` 0: the event did not say (the index infers it). `medium` None is the device.
+    Trailing fields a given engine version does not send take their defaults."""
 
-    block_hashes: list[int]
-    parent: int | None
-    token_ids: list[int]
-    block_size: int
-    device: bool = True
-    namespace: int | str | None = None
+    KIND: ClassVar[int] = STORED
+    block_hashes: list[EngineHash]
+    parent_block_hash: EngineHash | None = None
+    token_ids: list[int] = []
+    block_size: int = 0
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+    extra_keys: Any = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
 
 
-class Removed(msgspec.Struct, frozen=True, gc=False):
-    block_hashes: list[int]
-    device: bool = True
+class Removed(msgspec.Struct, array_like=True, tag="BlockRemoved", gc=False):
+    KIND: ClassVar[int] = REMOVED
+    block_hashes: list[EngineHash]
+    medium: str | None = None
+    group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
 
 
-class Cleared(msgspec.Struct, frozen=True, gc=False):
+class Cleared(msgspec.Struct, array_like=True, tag="AllBlocksCleared", gc=False):
+    KIND: ClassVar[int] = CLEARED_KIND
+    ownership: str | None = None
+
+
+class StoredMap(Stored, array_like=False, tag_field="type", tag="BlockStored"):
+    pass
+
+
+class RemovedMap(Removed, array_like=False, tag_field="type", tag="BlockRemoved"):
+    pass
+
+
+class ClearedMap(Cleared, array_like=False, tag_field="type", tag="AllBlocksCleared"):
     pass
 
 
@@ -44,23 +80,26 @@ CLEARED = Cleared()
 class KvSink(Protocol):
     """Where sources put what they read (the KvIndex)."""
 
-    def apply_batch(self, instance_id: int, records: list[Record]) -> None: ...
+    def apply_batch(self, worker: WorkerKey, records: list[Record]) -> None: ...
 
-    def clear_worker(self, instance_id: int) -> None: ...
+    def clear_worker(self, worker: WorkerKey) -> None: ...
 
 
 @dataclass(slots=True)
 class KvCounters:
-    """Plain counters, shared by the index and every source (Prometheus is wired later)."""
+    """Plain counters, shared by the index and every source (read by Prometheus at scrape)."""
 
     batches_applied: int = 0
     events_applied: int = 0
+    blocks_stored: int = 0
     unknown_events: int = 0  # event types we do not know, or malformed events: skipped
     decode_errors: int = 0  # messages or payloads that could not be decoded at all
     unknown_parent: int = 0  # BlockStored whose parent the worker never stored: skipped
     malformed_stored: int = 0  # BlockStored whose token_ids do not cover its blocks: skipped
-    skipped_tier: int = 0  # events about blocks off the device: not indexed
-    skipped_namespace: int = 0  # BlockStored under a LoRA / cache salt: not indexed
+    skipped_tier: int = 0  # events about blocks on a remote or shared tier: not indexed
+    skipped_namespace: int = 0  # BlockStored under a LoRA / cache salt / extra keys
+    skipped_group: int = 0  # events of a sliding-window or state-space cache group
+    duplicate_stores: int = 0  # a second physical copy of a block the worker holds
     gaps: int = 0  # sequence gaps seen
     resets: int = 0  # sequence went backwards (engine restart): worker cleared
     late_joins: int = 0  # first message had seq > 0
@@ -68,6 +107,8 @@ class KvCounters:
     replayed_batches: int = 0
     replay_failures: int = 0  # missed batches but no replay endpoint, or replay timed out
     replay_incomplete: int = 0  # replay answered without every missed batch (short buffer)
+    unknown_topic: int = 0  # messages on the bound SUB whose topic names no known worker
+    stream_restarts: int = 0  # gRPC event streams resubscribed (DATA_LOSS, end, failure)
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

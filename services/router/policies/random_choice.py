@@ -1,20 +1,19 @@
-"""Uniformly random worker."""
+"""Picker: a uniformly random candidate; scores are ignored."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 
-from switchyard.router.types import Decision, RouteContext, WorkerView
+from switchyard.router.types import Needs, NoParams, PluginDeps, RouteContext, Worker
 
 
 class RandomChoice:
     name = "random"
-    needs_overlap = False
+    needs = Needs.NONE
+    Params = NoParams
 
-    def __init__(self, rng: random.Random) -> None:
-        self._rng = rng
+    def __init__(self, params: NoParams, deps: PluginDeps) -> None:
+        self._rng = deps.rng
 
-    def pick(self, candidates: Sequence[WorkerView], ctx: RouteContext) -> Decision:
-        choice = self._rng.choice(candidates)
-        return Decision(choice, {w.instance_id: float(w.in_flight) for w in candidates})
+    def pick(self, ctx: RouteContext, workers: Sequence[Worker], totals: Sequence[float]) -> int:
+        return self._rng.randrange(len(workers))

@@ -1,22 +1,23 @@
-"""Round-robin over the candidates, ordered by instance id so every replica agrees."""
+"""Picker: the candidates in turn, ordered by (instance id, rank) so every replica agrees;
+scores are ignored."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 
-from switchyard.router.types import Decision, RouteContext, WorkerView
+from switchyard.router.types import Needs, NoParams, PluginDeps, RouteContext, Worker
 
 
 class RoundRobin:
     name = "round_robin"
-    needs_overlap = False
+    needs = Needs.NONE
+    Params = NoParams
 
-    def __init__(self, rng: random.Random) -> None:
+    def __init__(self, params: NoParams | None = None, deps: PluginDeps | None = None) -> None:
         self._next = 0
 
-    def pick(self, candidates: Sequence[WorkerView], ctx: RouteContext) -> Decision:
-        ordered = sorted(candidates, key=lambda w: w.instance_id)
-        choice = ordered[self._next % len(ordered)]
+    def pick(self, ctx: RouteContext, workers: Sequence[Worker], totals: Sequence[float]) -> int:
+        order = sorted(range(len(workers)), key=lambda i: workers[i].key)
+        choice = order[self._next % len(order)]
         self._next += 1
-        return Decision(choice, {w.instance_id: float(w.in_flight) for w in candidates})
+        return choice

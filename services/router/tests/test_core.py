@@ -9,8 +9,8 @@ from switchyard.protos.messages import (
     RouteProgress,
     RouteRequest,
 )
+from switchyard.router.config import preset
 from switchyard.router.core import ALL_BUSY, NO_WORKER, UNKNOWN_MODEL, RouterCore
-from switchyard.router.policies import build_policy
 
 
 def inst(iid: int, model: str = "m", role: str = "aggregated") -> Instance:
@@ -30,7 +30,7 @@ def req(rid: str, model: str = "m", exclude: list[int] | None = None) -> RouteRe
 
 
 def core(*instances: Instance, mode: str = "least_loaded") -> RouterCore:
-    c = RouterCore(build_policy(mode, random.Random(0)))
+    c = RouterCore(preset(mode), rng=random.Random(0))
     c.set_instances({i.instance_id: i for i in instances})
     return c
 
@@ -69,7 +69,7 @@ class TestLoadBookkeeping:
         c = core(inst(1), inst(2))
         c.route(req("a"), now=0)
         c.set_instances({2: inst(2)})
-        assert c.tracker.in_flight(1) == 0
+        assert c.tracker.load((1, 0)).in_flight == 0
 
 
 class TestBusy:

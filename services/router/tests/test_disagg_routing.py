@@ -11,8 +11,8 @@ from switchyard.protos.messages import (
     RouteProgress,
     RouteRequest,
 )
+from switchyard.router.config import preset
 from switchyard.router.core import NO_WORKER, PREFILL_BOOKING, RouterCore
-from switchyard.router.policies import build_policy
 
 
 def inst(iid: int, role: str, local_prefill: bool = True, model: str = "m") -> Instance:
@@ -40,7 +40,7 @@ def req(rid: str, tokens: int = 32, exclude=(), dry_run=False, start=0) -> Route
 
 
 def core(*instances: Instance, mode: str = "kv", threshold: int = 256) -> RouterCore:
-    c = RouterCore(build_policy(mode, random.Random(0)), disagg_min_uncached_tokens=threshold)
+    c = RouterCore(preset(mode), rng=random.Random(0), disagg_min_uncached_tokens=threshold)
     c.set_instances({i.instance_id: i for i in instances})
     return c
 
@@ -82,11 +82,11 @@ def test_prefill_worker_by_load_and_excluded_ones_skipped():
 def test_prefill_booking_freed_at_first_token():
     c = core(inst(1, ROLE_PREFILL), inst(2, ROLE_DECODE, local_prefill=False))
     c.route(req("r"), now=0)
-    assert c.tracker.in_flight(1) == 1 and c.tracker.in_flight(2) == 1
+    assert c.tracker.load((1, 0)).in_flight == 1 and c.tracker.load((2, 0)).in_flight == 1
     c.progress(RouteProgress("r", 2, STAGE_FIRST_TOKEN))
-    assert c.tracker.in_flight(1) == 0 and c.tracker.in_flight(2) == 1
+    assert c.tracker.load((1, 0)).in_flight == 0 and c.tracker.load((2, 0)).in_flight == 1
     c.progress(RouteProgress("r", 2, STAGE_FINISHED))
-    assert c.tracker.in_flight(2) == 0 and len(c.tracker) == 0
+    assert c.tracker.load((2, 0)).in_flight == 0 and len(c.tracker) == 0
     assert PREFILL_BOOKING.startswith("#")
 
 

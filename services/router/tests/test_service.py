@@ -17,8 +17,8 @@ from switchyard.protos.messages import (
     RouteRequest,
     RouteResponse,
 )
+from switchyard.router.config import preset
 from switchyard.router.core import RouterCore
-from switchyard.router.policies import build_policy
 from switchyard.router.service import RouterService
 
 A, B = (
@@ -41,7 +41,7 @@ def req(rid: str) -> RouteRequest:
 @pytest.fixture
 async def wired(tmp_path):
     """(service, dealer): the service's message handler on a bound ROUTER, a DEALER to it."""
-    core = RouterCore(build_policy("least_loaded", random.Random(0)))
+    core = RouterCore(preset("least_loaded"), rng=random.Random(0))
     core.set_instances({A.instance_id: A, B.instance_id: B})
     endpoint = f"ipc://{tmp_path}/router"
     service = RouterService(core, endpoint, "ipc://unused-control", "ipc://unused-events")
@@ -83,7 +83,7 @@ class TestWire:
         service, dealer = wired
         await dealer.send(codec.encode(req("a")))
         chosen = (await answer(dealer)).instance_id
-        assert service.core.tracker.in_flight(chosen) == 1
+        assert service.core.tracker.load((chosen, 0)).in_flight == 1
         other = 2 if chosen == 1 else 1
         await dealer.send(
             codec.encode([RouteProgress("a", chosen, STAGE_FINISHED), InstanceBusy(other, 60.0)])

@@ -23,6 +23,7 @@ from switchyard.protos.messages import (
     GenerateFinished,
     GenerateRequest,
     Instance,
+    RouteRequest,
     RouteResponse,
     TokenDelta,
 )
@@ -31,19 +32,26 @@ MODEL = "m"
 
 
 class FakeRouter:
-    def __init__(self, instances: list[int]) -> None:
+    """Routes to the first instance not excluded; `dp_ranks` pins instances' requests to a
+    data-parallel rank."""
+
+    def __init__(self, instances: list[int], dp_ranks: dict[int, int] | None = None) -> None:
         self.instances = instances
+        self.dp_ranks = dp_ranks or {}
+        self.requests: list[RouteRequest] = []
         self.excluded: list[list[int]] = []
         self.progress_log: list[tuple[str, str]] = []
         self.busy_log: list[int] = []
 
     async def route(self, request, timeout):
+        self.requests.append(request)
         self.excluded.append(list(request.exclude))
         free = [i for i in self.instances if i not in request.exclude]
         return RouteResponse(
             request_id=request.request_id,
             instance_id=free[0] if free else None,
             error="" if free else "no_worker",
+            dp_rank=self.dp_ranks.get(free[0]) if free else None,
         )
 
     async def progress(self, request_id, instance_id, stage, final) -> None:

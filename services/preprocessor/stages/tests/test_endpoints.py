@@ -29,9 +29,11 @@ def ids_of(bundle: TokenizerBundle, text: str) -> list[int]:
     return bundle.encode(text)
 
 
-async def run(d, body: bytes, endpoint: str = CHAT) -> tuple[int, FakeHttp]:
+async def run(
+    d, body: bytes, endpoint: str = CHAT, session_id: str | None = None
+) -> tuple[int, FakeHttp]:
     http = FakeHttp()
-    status = await serve(d, endpoint, body, 0.0, http)
+    status = await serve(d, endpoint, body, 0.0, http, session_id)
     return status, http
 
 
@@ -117,6 +119,34 @@ class TestStopStrings:
         assert content(http) == "one two "
         assert http.events()[-2]["choices"][0]["finish_reason"] == "stop"
         assert dispatcher.streams[0].cancelled
+
+
+class TestRouteHints:
+    """What the router is told (the session key) and what its answer pins (the DP rank)."""
+
+    async def test_the_session_is_the_header_else_the_user_field(self, bundle):
+        router = FakeRouter([1])
+        d = deps(bundle, router, FakeDispatcher(lambda r: [done(r.request_id)]))
+        await run(d, chat_body(user="alice"), session_id="conversation-7")
+        await run(d, chat_body(user="alice"))
+        await run(d, chat_body())
+        await run(d, b'{"model": "m", "prompt": "hi", "max_tokens": 2}', COMPLETIONS, "c-1")
+        assert [r.session_id for r in router.requests] == ["conversation-7", "alice", None, "c-1"]
+
+    async def test_the_routed_rank_pins_each_attempt(self, bundle):
+        def script(req):
+            if req.instance_id == 1:
+                return [tokens(req.request_id, 7), failed(req.request_id, 1, errors.CANNOT_CONNECT)]
+            return [tokens(req.request_id, 8), done(req.request_id)]
+
+        router, dispatcher = FakeRouter([1, 2], dp_ranks={1: 3}), FakeDispatcher(script)
+        status, _ = await run(deps(bundle, router, dispatcher), chat_body(user="u"))
+        assert status == 200
+        assert [(r.instance_id, r.data_parallel_rank) for r in dispatcher.requests] == [
+            (1, 3),
+            (2, None),  # the migration's route: instance 2 has no rank pinned
+        ]
+        assert [r.session_id for r in router.requests] == ["u", "u"]
 
 
 class TestMigration:

@@ -21,8 +21,8 @@ async def zctx():
 async def make_publisher(zctx):
     made: list[FakePublisher] = []
 
-    def make(topic: bytes = b"") -> FakePublisher:
-        publisher = FakePublisher(zctx, topic)
+    def make(topic: bytes = b"", connect_to: str | None = None) -> FakePublisher:
+        publisher = FakePublisher(zctx, topic, connect_to)
         made.append(publisher)
         return publisher
 

@@ -55,50 +55,68 @@ class TestFrames:
             split_frames(frames)
 
 
+def as_dict(record):
+    """A record's fields, whatever its wire form (array- and map-form classes differ)."""
+    return {"kind": record.KIND, **msgspec.structs.asdict(record)}
+
+
+def stored(hashes, parent, tokens, size, **kw):
+    return as_dict(Stored(hashes, parent, tokens, size, **kw))
+
+
 class TestArrayEvents:
     def test_block_stored(self):
         batch = decode_payload(payload([stored_array([BIG, 2], None, [1, 2, 3, 4], 2)]))
-        assert batch.records == [Stored([BIG, 2], None, [1, 2, 3, 4], 2, True, None)]
+        assert [as_dict(r) for r in batch.records] == [
+            stored([BIG, 2], None, [1, 2, 3, 4], 2, medium="GPU")
+        ]
         assert batch.skipped == 0
         assert batch.timestamp == 1.5
         assert batch.dp_rank == 0
 
-    def test_block_stored_with_parent_and_trailing_fields(self):
-        event = stored_array([5], BIG, [9, 9], 2, None, "GPU", "extra", {"x": 1})
+    def test_block_stored_with_parent_and_vllm_trailing_fields(self):
+        event = stored_array(
+            [5], BIG, [9, 9], 2, None, "GPU", None, [None], 1, "full_attention", None, "x", "y"
+        )
         [record] = decode_payload(payload([event])).records
-        assert record.parent == BIG
+        assert record.parent_block_hash == BIG
         assert record.block_hashes == [5]
+        assert record.group_idx == 1
+        assert record.kv_cache_spec_kind == "full_attention"
 
     def test_block_stored_older_shape_without_lora_and_medium(self):
         event = ["BlockStored", [1], None, [1, 2], 2]
         [record] = decode_payload(payload([event])).records
-        assert record == Stored([1], None, [1, 2], 2, True, None)
+        assert as_dict(record) == stored([1], None, [1, 2], 2)
 
-    def test_lora_and_off_device_medium(self):
+    def test_lora_and_offloaded_medium(self):
         event = stored_array([1], None, [1, 2], 2, 3, "CPU")
         [record] = decode_payload(payload([event])).records
-        assert record.namespace == 3
-        assert record.device is False
+        assert record.lora_id == 3
+        assert record.medium == "CPU"
 
     def test_block_removed(self):
         batch = decode_payload(payload([removed_array([BIG, 1]), ["BlockRemoved", [2]]]))
-        assert batch.records == [Removed([BIG, 1], True), Removed([2], True)]
+        assert [as_dict(r) for r in batch.records] == [
+            as_dict(Removed([BIG, 1], "GPU")),
+            as_dict(Removed([2])),
+        ]
 
-    def test_removed_from_host_tier(self):
-        [record] = decode_payload(payload([removed_array([1], "cpu_pinned")])).records
-        assert record.device is False
+    def test_removed_with_group(self):
+        [record] = decode_payload(payload([["BlockRemoved", [1], "GPU", 2]])).records
+        assert record.group_idx == 2
 
     def test_all_blocks_cleared(self):
-        batch = decode_payload(payload([cleared_array(), ["AllBlocksCleared", "x"]]))
-        assert batch.records == [CLEARED, CLEARED]
-        assert type(batch.records[0]) is Cleared
+        batch = decode_payload(payload([cleared_array(), ["AllBlocksCleared"]]))
+        assert [r.KIND for r in batch.records] == [CLEARED.KIND, CLEARED.KIND]
+        assert isinstance(batch.records[0], Cleared)
 
 
 class TestMapEvents:
     def test_block_stored(self):
         event = stored_map([BIG], 17, [1, 2], 2, unknown_key=[1, 2], extra_keys=None)
         [record] = decode_payload(payload([event])).records
-        assert record == Stored([BIG], 17, [1, 2], 2, True, None)
+        assert as_dict(record) == stored([BIG], 17, [1, 2], 2, medium="GPU")
 
     def test_block_stored_without_block_size(self):
         event = stored_map([1], None, [1, 2], 2)
@@ -106,51 +124,64 @@ class TestMapEvents:
         [record] = decode_payload(payload([event])).records
         assert record.block_size == 0  # the index infers it
 
-    def test_lora_name_is_a_namespace(self):
-        event = stored_map([1], None, [1, 2], 2, lora_name="adapter")
+    def test_lora_name_group_and_kind(self):
+        event = stored_map(
+            [1], None, [1, 2], 2, lora_name="adapter", group_idx=1, kv_cache_spec_kind="mamba"
+        )
         [record] = decode_payload(payload([event])).records
-        assert record.namespace == "adapter"
+        assert (record.lora_name, record.group_idx, record.kv_cache_spec_kind) == (
+            "adapter",
+            1,
+            "mamba",
+        )
 
     def test_block_removed_and_cleared(self):
         events = [removed_map([3, 4], future=True), {"type": "AllBlocksCleared", "x": 1}]
-        assert decode_payload(payload(events)).records == [Removed([3, 4], True), CLEARED]
+        records = decode_payload(payload(events)).records
+        assert [as_dict(r) for r in records] == [as_dict(Removed([3, 4], "GPU")), as_dict(CLEARED)]
 
 
 class TestHashes:
+    """Engine hashes are kept as sent: they are only compared within one engine's stream."""
+
     def test_u64_above_2_63(self):
         [record] = decode_payload(payload([removed_array([2**64 - 1, 2**63])])).records
         assert record.block_hashes == [2**64 - 1, 2**63]
 
-    def test_negative_int64_maps_to_u64(self):
+    def test_negative_int64_kept(self):
         [record] = decode_payload(payload([stored_array([-1], -2, [1], 1)])).records
-        assert record.block_hashes == [2**64 - 1]
-        assert record.parent == 2**64 - 2
+        assert record.block_hashes == [-1]
+        assert record.parent_block_hash == -2
 
-    def test_bytes_take_the_last_8_bytes_big_endian(self):
+    def test_bytes_kept(self):
         digest = bytes(range(32))
         [record] = decode_payload(payload([stored_array([digest, 5], digest, [1, 2], 1)])).records
-        expected = int.from_bytes(digest[-8:], "big")
-        assert record.block_hashes == [expected, 5]
-        assert record.parent == expected
+        assert record.block_hashes == [digest, 5]
+        assert record.parent_block_hash == digest
 
-    def test_short_bytes(self):
-        assert engine_hash(b"\x01\x02") == 0x0102
+    def test_engine_hash(self):
+        assert engine_hash(b"\x01\x02") == b"\x01\x02"
+        assert engine_hash(-3) == -3
+        with pytest.raises(ValueError):
+            engine_hash(b"")
 
-    def test_empty_bytes_skipped(self):
-        assert decode_payload(payload([removed_array([b""])])).skipped == 1
+    def test_bigram_token_cells_fold_to_their_tokens(self):
+        """Eagle speculative decoding sends [token, next_token] cells."""
+        [record] = decode_payload(payload([stored_array([1], None, [[5, 6], [7, 8]], 2)])).records
+        assert record.token_ids == [5, 7]
 
 
 class TestBatch:
     def test_missing_dp_rank(self):
         batch = decode_payload(payload([cleared_array()], dp_rank=None))
         assert batch.dp_rank is None
-        assert batch.records == [CLEARED]
+        assert [r.KIND for r in batch.records] == [CLEARED.KIND]
 
     def test_extra_trailing_items(self):
         body = msgspec.msgpack.encode([1.0, [cleared_array()], 2, "future", {"a": 1}])
         batch = decode_payload(body)
         assert batch.dp_rank == 2
-        assert batch.records == [CLEARED]
+        assert [r.KIND for r in batch.records] == [CLEARED.KIND]
 
     def test_mixed_encodings_in_one_batch(self):
         events = [stored_array([1], None, [1], 1), removed_map([1]), cleared_array()]
@@ -171,7 +202,7 @@ class TestBatch:
             cleared_array(),
         ]
         batch = decode_payload(payload(events))
-        assert batch.records == [CLEARED]
+        assert [r.KIND for r in batch.records] == [CLEARED.KIND]
         assert batch.skipped == 10
 
     @pytest.mark.parametrize(
@@ -196,5 +227,17 @@ class TestMapEnvelope:
             {"ts": 1.5, "events": [{"type": "AllBlocksCleared"}], "data_parallel_rank": 0}
         )
         batch = decode_payload(raw)
-        assert batch.records == [CLEARED]
+        assert [r.KIND for r in batch.records] == [CLEARED.KIND]
         assert batch.dp_rank == 0
+
+    def test_vllm_map_envelope_with_map_events(self):
+        raw = msgspec.msgpack.encode(
+            {
+                "ts": 1.5,
+                "events": [stored_map([1, 2], None, [1, 2, 3, 4], 2), removed_map([2])],
+                "data_parallel_rank": 3,
+            }
+        )
+        batch = decode_payload(raw)
+        assert [r.KIND for r in batch.records] == [0, 1]
+        assert batch.dp_rank == 3

@@ -4,9 +4,9 @@ import contextlib
 import pytest
 
 from switchyard.common.block_hash import block_hashes
-from switchyard.router.kv.decode import decode_payload
 from switchyard.router.kv.index import KvIndex
-from switchyard.router.kv.subscriber import ZmqKvSource, resolve_endpoint
+from switchyard.router.kv.stream import KvStream
+from switchyard.router.kv.subscriber import ZmqKvSource, rank_endpoint, resolve_endpoint
 from switchyard.router.kv.tests.wire import (
     chain_events,
     cleared_array,
@@ -20,44 +20,45 @@ PROMPT = list(range(1, 33))  # 8 blocks
 OWN = block_hashes(PROMPT, BS)
 OTHER = list(range(500, 516))  # 4 blocks
 OTHER_OWN = block_hashes(OTHER, BS)
-WORKER = 7
+WORKER = (7, 0)
 
 
 class Harness:
-    def __init__(self, index: KvIndex, source: ZmqKvSource, task: asyncio.Task) -> None:
-        self.index, self.source, self.task = index, source, task
+    def __init__(self, index: KvIndex, stream: KvStream, task: asyncio.Task) -> None:
+        self.index, self.stream, self.task = index, stream, task
 
     async def applied(self, seq: int) -> None:
-        await until(lambda: self.source.last_seq == seq, f"batch {seq} applied")
+        await until(lambda: self.stream.last_seq == seq, f"batch {seq} applied")
 
 
 @pytest.fixture
 async def follow(zctx):
     """Start a ZmqKvSource on a publisher; cancel it at teardown (its sockets close)."""
-    tasks: list[asyncio.Task] = []
+    started: list[tuple[asyncio.Task, KvStream]] = []
 
     async def start(publisher, *, replay=True, replay_timeout=2.0, index=None) -> Harness:
         index = index or KvIndex()
-        source = ZmqKvSource(
+        stream = KvStream(
             WORKER,
             index,
             index.counters,
             zctx,
-            endpoint=publisher.endpoint,
             replay_endpoint=publisher.replay_endpoint if replay else None,
             replay_timeout=replay_timeout,
         )
+        source = ZmqKvSource(stream, index.counters, zctx, endpoint=publisher.endpoint)
         task = asyncio.create_task(source.run())
-        tasks.append(task)
+        started.append((task, stream))
         await publisher.wait_subscribed()
-        await asyncio.wait_for(source.caught_up.wait(), replay_timeout + 5)
-        return Harness(index, source, task)
+        await asyncio.wait_for(stream.caught_up.wait(), replay_timeout + 5)
+        return Harness(index, stream, task)
 
     yield start
-    for task in tasks:
+    for task, stream in started:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        await stream.close()
 
 
 class TestInOrder:
@@ -205,15 +206,6 @@ class TestLateJoin:
         await h.applied(3)
         assert h.index.overlaps(OWN) == {WORKER: 8}
 
-    async def test_source_starts_from_an_empty_view(self, make_publisher, follow):
-        index = KvIndex()
-        index.apply_batch(WORKER, decode_payload(payload(chain_events(PROMPT, BS, 1))).records)
-        pub = make_publisher()
-        h = await follow(pub, index=index)
-        await until(lambda: index.size(WORKER) == 0, "stale view cleared")
-        await pub.publish([])
-        await h.applied(0)
-
 
 class TestBadMessages:
     async def test_undecodable_payload_counted_and_sequence_kept(self, make_publisher, follow):
@@ -245,3 +237,19 @@ class TestResolveEndpoint:
     )
     def test_wildcards_replaced_by_engine_host(self, endpoint, host, expected):
         assert resolve_endpoint(endpoint, host) == expected
+
+
+class TestRankEndpoint:
+    @pytest.mark.parametrize(
+        ("endpoint", "rank", "expected"),
+        [
+            ("tcp://h:5557", 0, "tcp://h:5557"),
+            ("tcp://h:5557", 3, "tcp://h:5560"),
+            ("tcp://[::1]:5557", 1, "tcp://[::1]:5558"),
+            ("inproc://kv", 2, "inproc://kv_dp2"),
+            ("ipc:///tmp/kv", 1, "ipc:///tmp/kv"),
+        ],
+    )
+    def test_base_port_plus_rank(self, endpoint, rank, expected):
+        """Both engines' offset_endpoint_port: rank r publishes on base port + r."""
+        assert rank_endpoint(endpoint, rank) == expected

@@ -110,16 +110,23 @@ class FakePublisher:
     `publish(events)` numbers and buffers a batch and sends it unless `send=False` (a batch
     the subscriber misses). `restart()` empties the buffer and restarts numbering at 0.
     `four_frames` answers replays as [b"", topic, seq, payload] (newer vLLM).
-    `replay_silent` never answers replays (timeout tests)."""
+    `replay_silent` never answers replays (timeout tests). `connect_to` connects the PUB to a
+    bound SUB (an engine whose endpoint names a host) instead of binding it."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, topic: bytes = b"") -> None:
+    def __init__(
+        self, ctx: zmq.asyncio.Context, topic: bytes = b"", connect_to: str | None = None
+    ) -> None:
         self.topic = topic
         self.pub_port, self.replay_port = free_port(), free_port()
         self.endpoint = f"tcp://127.0.0.1:{self.pub_port}"
         self.replay_endpoint = f"tcp://127.0.0.1:{self.replay_port}"
         self.pub = ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
-        self.pub.bind(f"tcp://127.0.0.1:{self.pub_port}")
+        if connect_to is None:
+            self.pub.bind(f"tcp://127.0.0.1:{self.pub_port}")
+        else:
+            self.endpoint = connect_to
+            self.pub.connect(connect_to)
         self.router = ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.bind(self.replay_endpoint)

@@ -1,0 +1,362 @@
+"""KV routing on real fleets of mock engines: multi-turn conversations and bursts of a new
+shared prefix, KV-aware routing vs round-robin vs the previous router, in one run.
+
+Engines: 4 mock engines per fleet (SGLang-only, vLLM-only, mixed) with a realistic prefill
+cost: --prefill-ms-per-token (default 0.4: 2.5k tokens/s, a large model) and
+--prefill-stalls-decode, so an engine prefills one request at a time and a queue of prefills
+costs waiting time (as on a GPU). The simulated times are long enough that the frontend's
+own CPU time (noisy on a shared machine) does not dominate the TTFTs.
+
+1. Conversations: C conversations of T turns; each turn's prompt is the previous prompt, the
+   answer the engine gave and a new question; a closed loop keeps `--concurrency` turns in
+   flight (a conversation's next turn waits for its answer). Reported per fleet and mode:
+   the engine-reported prefix hit rate (sum of cached_tokens / sum of prompt_tokens), as a
+   share of the same workload on ONE engine of the same size at the same concurrency (the
+   issue's target: >= 95%) and as a share of the best possible (below), and TTFT mean / p90.
+2. Bursts: G groups; each group is K requests sharing a new 2k-token prefix, sent at once.
+   Reported: hit rate, share of the best possible, and the requests per group that found no
+   cached prefix (1 is the minimum: the group's first prefill).
+
+The best possible hit rate (`bound`), for both: the same requests served one at a time by a
+single engine whose cache never evicts, so every block an earlier request stored is reused
+(whole blocks, never the last prompt token, as the engines reuse them). It is measured in the
+same run, not computed.
+
+Modes: `kv` (this router's default), `round_robin`, `kv booking off` (bursts: --booking-ttl 0,
+item 8 off), and `previous kv` (the previous router's kv policy: the stack of another
+checkout, given with --baseline-python, e.g. /work/main/.venv/bin/python).
+
+    python bench/kv_conversations.py [--baseline-python PY] [--fleets sglang,vllm,mixed]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import orjson
+from harness import pct, stop, wait_ready
+
+from switchyard.common.ports import free_port, read_ready_file
+
+MODEL = "deepseek-mock"
+FLEETS = {"sglang": "sglang,sglang,sglang,sglang", "vllm": "vllm,vllm,vllm,vllm",
+          "mixed": "sglang,vllm,sglang,vllm"}  # fmt: skip
+
+
+@dataclass
+class Result:
+    ttft: float
+    prompt_tokens: int
+    cached_tokens: int
+
+
+def _has_ready_file(python: str) -> bool:
+    """Whether that checkout's `up` binds port 0 and reports it (`--ready-file`)."""
+    import subprocess
+
+    done = subprocess.run(
+        [python, "-m", "switchyard", "up", "--help"], capture_output=True, text=True, timeout=60
+    )
+    return "--ready-file" in done.stdout
+
+
+@contextlib.contextmanager
+def stack(python: str, engines: str, mock_args: list[str], up_args: list[str]) -> Iterator[str]:
+    """`switchyard up` of the checkout `python` belongs to, on a port it binds itself (port 0,
+    read from its ready file)."""
+    import subprocess
+    import tempfile
+
+    argv = [python, "-m", "switchyard", "up", "--log-level", "WARNING"]
+    argv += ["--mock-engines", engines, *[f"--mock-arg={a}" for a in mock_args], *up_args]
+    with tempfile.TemporaryDirectory(prefix="kv-conversations-") as folder:
+        ready = Path(folder) / "up.json"
+        if python == sys.executable or _has_ready_file(python):
+            argv += ["--http-port", "0", "--ready-file", str(ready)]
+            port = None
+        else:  # a checkout from before ready files: it can only be given a port
+            port = free_port()
+            argv += ["--http-port", str(port)]
+        proc = subprocess.Popen(argv, start_new_session=True)
+        try:
+            if port is None:
+                base = read_ready_file(ready, proc, 180)["base_url"]
+            else:
+                base = f"http://127.0.0.1:{port}"
+            wait_ready(base, proc, timeout=180)
+            yield base
+        finally:
+            stop(proc)
+
+
+async def ask(http: httpx.AsyncClient, messages: list[dict], max_tokens: int) -> tuple[Result, str]:
+    body = {
+        "model": MODEL,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
+    start = time.perf_counter()
+    ttft = None
+    usage = None
+    text: list[str] = []
+    async with http.stream("POST", "/v1/chat/completions", json=body) as reply:
+        reply.raise_for_status()
+        async for line in reply.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = orjson.loads(line[6:])
+            if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                if ttft is None:
+                    ttft = time.perf_counter() - start
+                text.append(chunk["choices"][0]["delta"]["content"])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+    assert ttft is not None and usage is not None
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    return Result(ttft, usage["prompt_tokens"], cached), "".join(text)
+
+
+def conversation_openings(count: int, seed: int) -> list[list[dict]]:
+    rng = random.Random(seed)
+    out = []
+    for c in range(count):
+        system = f"You are dispatcher {c} of yard {rng.randrange(10**6)}. " + " ".join(
+            f"Track {i} holds {rng.randrange(99)} wagons of ore." for i in range(30)
+        )
+        out.append([{"role": "system", "content": system}])
+    return out
+
+
+def question(conversation: int, turn: int) -> str:
+    return f"Turn {turn}: where does wagon {conversation * 1000 + turn * 37} go next, and why?"
+
+
+async def conversations(
+    base: str, count: int, turns: int, concurrency: int, answer_tokens: int, seed: int
+) -> list[Result]:
+    histories = conversation_openings(count, seed)
+    next_turn = [0] * count
+    busy = [False] * count
+    results: list[Result] = []
+    lock = asyncio.Lock()
+
+    async def client(http: httpx.AsyncClient) -> None:
+        while True:
+            async with lock:
+                pick = next((c for c in range(count) if not busy[c] and next_turn[c] < turns), None)
+                if pick is None:
+                    if all(t >= turns for t in next_turn):
+                        return
+                else:
+                    busy[pick] = True
+            if pick is None:
+                await asyncio.sleep(0.005)
+                continue
+            messages = histories[pick] + [
+                {"role": "user", "content": question(pick, next_turn[pick])}
+            ]
+            result, answer = await ask(http, messages, answer_tokens)
+            results.append(result)
+            histories[pick] = messages + [{"role": "assistant", "content": answer}]
+            next_turn[pick] += 1
+            busy[pick] = False
+
+    async with httpx.AsyncClient(
+        base_url=base, timeout=300, limits=httpx.Limits(max_connections=256)
+    ) as http:
+        await asyncio.gather(*(client(http) for _ in range(concurrency)))
+    return results
+
+
+async def bursts(
+    base: str, groups: int, size: int, seed: int, sequential: bool = False
+) -> list[list[Result]]:
+    rng = random.Random(seed)
+    out = []
+    async with httpx.AsyncClient(
+        base_url=base, timeout=300, limits=httpx.Limits(max_connections=256)
+    ) as http:
+        for g in range(groups):
+            prefix = f"Manual {g}-{rng.randrange(10**6)}. " + " ".join(
+                f"Clause {i}: wagons of class {rng.randrange(99)} need {rng.randrange(9)} checks."
+                for i in range(150)
+            )
+            asks = [
+                ask(
+                    http,
+                    [
+                        {"role": "system", "content": prefix},
+                        {"role": "user", "content": f"Question {k}: which clause covers {k}?"},
+                    ],
+                    4,
+                )
+                for k in range(size)
+            ]
+            if sequential:  # the bound: one at a time, each after the previous is cached
+                out.append([(await a)[0] for a in asks])
+            else:
+                out.append([r for r, _ in await asyncio.gather(*asks)])
+            await asyncio.sleep(1.0)  # the next group starts on an idle fleet
+    return out
+
+
+def hit(results: list[Result]) -> float:
+    return sum(r.cached_tokens for r in results) / max(1, sum(r.prompt_tokens for r in results))
+
+
+def ttfts(results: list[Result]) -> tuple[float, float]:
+    ms = [r.ttft * 1e3 for r in results]
+    return statistics.mean(ms), pct(ms, 0.9)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--fleets", default="sglang,vllm,mixed")
+    parser.add_argument("--conversations", type=int, default=16)
+    parser.add_argument("--turns", type=int, default=5)
+    parser.add_argument("--concurrency", type=int, action="append", default=None)
+    parser.add_argument("--answer-tokens", type=int, default=24)
+    parser.add_argument("--groups", type=int, default=4)
+    parser.add_argument("--burst", type=int, default=8)
+    parser.add_argument("--prefill-ms-per-token", type=float, default=0.4)
+    parser.add_argument("--baseline-python", default=None, help="the previous checkout's python")
+    parser.add_argument("--no-bursts", action="store_true")
+    parser.add_argument(
+        "--modes",
+        default="kv,round_robin",
+        help="comma-separated: kv, round_robin (and the "
+        "previous router's kv with --baseline-python)",
+    )
+    parser.add_argument(
+        "--no-reference",
+        action="store_true",
+        help="skip the one-engine and best-possible runs (shares print as n/a)",
+    )
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--out", default=str(Path(__file__).parent / "results" / "kv_conversations.md")
+    )
+    args = parser.parse_args()
+    loads = args.concurrency or [1, 8]
+    mock = [
+        f"--prefill-ms-per-token={args.prefill_ms_per_token}",
+        "--prefill-base-ms=10",
+        "--prefill-stalls-decode",
+        "--ttft-ms=20",
+        "--itl-ms=15",
+    ]
+    unbounded = [*mock, "--num-blocks=1000000"]
+    me = sys.executable
+    wanted = args.modes.split(",")
+    modes: list[tuple[str, str, list[str]]] = [
+        (m, me, ["--router-mode", m]) for m in ("kv", "round_robin") if m in wanted
+    ]
+    if args.baseline_python:
+        modes.append(("previous kv", args.baseline_python, ["--router-mode", "kv"]))
+    lines = [
+        f"Mock engines: prefill {args.prefill_ms_per_token} ms/token, one prefill at a time "
+        f"per engine; {args.conversations} conversations x {args.turns} turns "
+        f"(answers of {args.answer_tokens} tokens); seed {args.seed}. One run; the machine was "
+        "shared with other jobs, so TTFTs are noisy: compare within a row group.",
+        "",
+        "## Multi-turn conversations",
+        "",
+        "| fleet | in flight | mode | hit rate | / one engine | / best possible | TTFT mean ms "
+        "| TTFT p90 ms | mean / round-robin |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def run(base: str, load: int):  # noqa: ANN202 - a coroutine of list[Result]
+        return conversations(
+            base, args.conversations, args.turns, load, args.answer_tokens, args.seed
+        )
+
+    for fleet in args.fleets.split(","):
+        engines = FLEETS[fleet]
+        single = engines.split(",")[0]
+        best = one = float("nan")
+        if not args.no_reference:
+            with stack(me, single, unbounded, ["--router-mode", "kv"]) as base:
+                best = hit(asyncio.run(run(base, 1)))
+        for load in loads:
+            if not args.no_reference:
+                with stack(me, single, mock, ["--router-mode", "kv"]) as base:
+                    one = hit(asyncio.run(run(base, load)))
+            rows = {}
+            for name, python, up in modes:
+                with stack(python, engines, mock, up) as base:
+                    results = asyncio.run(run(base, load))
+                rows[name] = (hit(results), *ttfts(results))
+                print(f"{fleet} c{load} {name}: done", file=sys.stderr)
+            rr_mean = rows["round_robin"][1] if "round_robin" in rows else float("nan")
+            for name, (rate, mean, p90) in rows.items():
+                lines.append(
+                    f"| {fleet} | {load} | {name} | {rate:.1%} | {rate / one:.0%} | "
+                    f"{rate / best:.0%} | {mean:.0f} | {p90:.0f} | {mean / rr_mean:.2f} |"
+                )
+            if not args.no_reference:
+                lines.append(
+                    f"| {fleet} | {load} | one engine | {one:.1%} | 100% | {one / best:.0%} | | | |"
+                )
+        if not args.no_reference:
+            lines.append(f"| {fleet} | 1 | best possible | {best:.1%} | | 100% | | | |")
+    if not args.no_bursts:
+        lines += [
+            "",
+            f"## Bursts: {args.groups} groups of {args.burst} requests sharing a new ~2k-token "
+            "prefix, sent at once",
+            "",
+            "| fleet | mode | hit rate | / best possible | cold requests per group | "
+            "TTFT mean ms | TTFT p90 ms |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        burst_modes = [
+            modes[0],
+            ("kv booking off", me, ["--router-mode", "kv", "--router-arg=--booking-ttl=0"]),
+            *modes[1:],
+        ]
+        for fleet in args.fleets.split(","):
+            with stack(me, FLEETS[fleet].split(",")[0], unbounded, ["--router-mode", "kv"]) as b:
+                best_groups = asyncio.run(bursts(b, args.groups, args.burst, args.seed, True))
+            bound = hit([r for g in best_groups for r in g])
+            prefix = [max(r.cached_tokens for r in g) for g in best_groups]
+            for name, python, up in burst_modes:
+                with stack(python, FLEETS[fleet], mock, up) as base:
+                    groups = asyncio.run(bursts(base, args.groups, args.burst, args.seed))
+                flat = [r for g in groups for r in g]
+                cold = statistics.mean(
+                    sum(1 for r in g if r.cached_tokens < 0.5 * p)
+                    for g, p in zip(groups, prefix, strict=True)
+                )
+                mean, p90 = ttfts(flat)
+                share = f"{hit(flat) / bound:.0%}" if bound else "n/a"
+                lines.append(
+                    f"| {fleet} | {name} | {hit(flat):.1%} | {share} | {cold:.1f} | "
+                    f"{mean:.0f} | {p90:.0f} |"
+                )
+                print(f"burst {fleet} {name}: done", file=sys.stderr)
+    table = "\n".join(lines)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(table + "\n")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Pending bookings: prompts the router sent to a worker whose blocks the engine has not
+reported storing yet.
+
+The first request of a new prefix books its prompt's blocks on its worker at once, before the
+engine has prefilled them and published its events; requests sharing the prefix that arrive
+before that prefill ends see the booking (and, in the time model, the prefill they would wait
+for there), so a burst does not prefill the same prefix on every engine. A booking expires
+after `ttl` seconds; by then the engine's own events have told the index.
+
+Layout, for a cheap hot path: a booking is the prompt's hashes packed as bytes (8 per block),
+filed under its first block's hash and its worker; booking costs one packing, whatever is
+already booked. A lookup compares the request's packed hashes with the few bookings filed
+under its first block (a binary search of memcmp prefix tests). Per (first block, worker)
+only the `per_worker` most recent bookings are kept, and a booking that extends an older one
+(a conversation's next turn) replaces it. Expiry is one queue in booking order (one TTL).
+"""
+
+from __future__ import annotations
+
+import collections
+from array import array
+from collections.abc import Sequence
+
+from switchyard.router.types import WorkerKey
+
+
+def pack(hashes: Sequence[int]) -> bytes:
+    return array("Q", hashes).tobytes()
+
+
+def common_prefix(a: bytes, b: bytes) -> int:
+    """How many leading hashes two packed hash strings share."""
+    low, high = 0, min(len(a), len(b)) // 8
+    view = memoryview(b)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a.startswith(view[: mid * 8]):  # memcmp, no copy
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+class Bookings:
+    def __init__(self, ttl: float = 10.0, per_worker: int = 4) -> None:
+        if not ttl >= 0:
+            raise ValueError(f"ttl must be >= 0, got {ttl}")
+        if per_worker < 1:
+            raise ValueError(f"per_worker must be >= 1, got {per_worker}")
+        self.ttl = ttl
+        self.per_worker = per_worker
+        # first block hash -> worker -> [(packed hashes, expiry)], most recent first
+        self._filed: dict[int, dict[WorkerKey, list[tuple[bytes, float]]]] = {}
+        self._due: collections.deque[tuple[float, int, WorkerKey, bytes]] = collections.deque()
+
+    def __bool__(self) -> bool:
+        return bool(self._filed)
+
+    def add(self, worker: WorkerKey, hashes: Sequence[int], now: float) -> None:
+        if not hashes or self.ttl == 0:
+            return
+        expiry = now + self.ttl
+        first = hashes[0]
+        packed = pack(hashes)
+        by_worker = self._filed.setdefault(first, {})
+        filed = by_worker.setdefault(worker, [])
+        # Drop what this booking covers: an older prompt it extends, the same prompt again.
+        filed[:] = [(h, e) for h, e in filed if not packed.startswith(h)][: self.per_worker - 1]
+        filed.insert(0, (packed, expiry))
+        self._due.append((expiry, first, worker, packed))
+
+    def overlaps(self, hashes: Sequence[int], now: float) -> dict[WorkerKey, int]:
+        """worker -> leading blocks of `hashes` booked on it (absent when none)."""
+        self.expire(now)
+        result: dict[WorkerKey, int] = {}
+        if not hashes:
+            return result
+        by_worker = self._filed.get(hashes[0])
+        if not by_worker:
+            return result
+        packed = pack(hashes)
+        for worker, filed in by_worker.items():
+            best = 0
+            for booked, _ in filed:
+                depth = common_prefix(packed, booked)
+                if depth > best:
+                    best = depth
+            result[worker] = best
+        return result
+
+    def expire(self, now: float) -> None:
+        due = self._due
+        while due and due[0][0] <= now:
+            expiry, first, worker, packed = due.popleft()
+            by_worker = self._filed.get(first)
+            if by_worker is None:
+                continue
+            filed = by_worker.get(worker)
+            if filed is None:
+                continue
+            filed[:] = [(h, e) for h, e in filed if not (h is packed and e == expiry)]
+            if not filed:
+                del by_worker[worker]
+                if not by_worker:
+                    del self._filed[first]
+
+    def drop_instance(self, instance_id: int) -> None:
+        for first in list(self._filed):
+            by_worker = self._filed[first]
+            for worker in [w for w in by_worker if w[0] == instance_id]:
+                del by_worker[worker]
+            if not by_worker:
+                del self._filed[first]
+
+    def size(self, worker: WorkerKey) -> int:
+        """Bookings held for a worker."""
+        return sum(len(by_worker.get(worker, ())) for by_worker in self._filed.values())

@@ -1,0 +1,68 @@
+import pytest
+
+from switchyard.router.bookings import Bookings, common_prefix, pack
+
+A, B = (1, 0), (2, 1)
+
+
+class TestBookings:
+    def test_leading_blocks_booked_per_worker(self):
+        b = Bookings()
+        b.add(A, [1, 2, 3], now=0)
+        b.add(B, [1, 2], now=0)
+        assert b.overlaps([1, 2, 3, 4], now=1) == {A: 3, B: 2}
+        assert b.overlaps([1, 5], now=1) == {A: 1, B: 1}
+        assert b.overlaps([9, 1], now=1) == {}
+
+    def test_the_longest_of_a_workers_bookings_counts(self):
+        b = Bookings()
+        b.add(A, [1, 2, 3, 4], now=0)
+        b.add(A, [1, 2, 7], now=0)
+        assert b.overlaps([1, 2, 3, 9], now=1) == {A: 3}
+        assert b.overlaps([1, 2, 7, 9], now=1) == {A: 3}
+
+    def test_a_next_turn_replaces_the_turn_it_extends(self):
+        b = Bookings()
+        b.add(A, [1, 2], now=0)
+        b.add(A, [1, 2, 3], now=1)
+        assert b.size(A) == 1
+        assert b.overlaps([1, 2, 3], now=2) == {A: 3}
+
+    def test_expiry(self):
+        b = Bookings(ttl=10)
+        b.add(A, [1, 2], now=0)
+        b.add(A, [1, 3], now=5)
+        assert b.overlaps([1, 2], now=10) == {A: 1}  # the first one expired
+        assert b.overlaps([1, 2], now=15) == {}
+        assert b.size(A) == 0 and not b
+
+    def test_per_worker_cap(self):
+        b = Bookings(per_worker=2)
+        for tail in (5, 6, 7):
+            b.add(A, [1, tail], now=0)
+        assert b.size(A) == 2
+        assert b.overlaps([1, 5], now=1) == {A: 1}
+
+    def test_drop_instance(self):
+        b = Bookings()
+        b.add(A, [1, 2], now=0)
+        b.add(B, [1, 2], now=0)
+        b.drop_instance(1)
+        assert b.overlaps([1, 2], now=1) == {B: 2}
+
+    def test_ttl_zero_books_nothing(self):
+        b = Bookings(ttl=0)
+        b.add(A, [1], now=0)
+        assert b.overlaps([1], now=0) == {}
+
+    def test_bad_config(self):
+        with pytest.raises(ValueError):
+            Bookings(ttl=-1)
+
+
+def test_common_prefix():
+    assert common_prefix(pack([1, 2, 3]), pack([1, 2, 4])) == 2
+    assert common_prefix(pack([1, 2]), pack([1, 2, 3])) == 2
+    assert common_prefix(pack([]), pack([1])) == 0
+    assert common_prefix(pack([5]), pack([1])) == 0
+    assert common_prefix(pack([2**64 - 1, 7]), pack([2**64 - 1, 7])) == 2
