@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 CHAT = "chat_completions"
 COMPLETIONS = "completions"
 EMBEDDINGS = "embeddings"
+RESPONSES = "responses"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +67,7 @@ class Deps:
 
 @dataclass(frozen=True, slots=True)
 class RequestInput:
-    endpoint: str  # CHAT | COMPLETIONS
+    endpoint: str  # CHAT | COMPLETIONS | EMBEDDINGS | RESPONSES
     request_id: str
     request: ChatCompletionRequest | CompletionRequest | EmbeddingRequest
     received: float  # time.perf_counter() when the body was read
