@@ -15,7 +15,6 @@ from switchyard.common.loop_histogram import HistogramSeries, LoopHistogram
 STAGES = (
     "parse",
     "template",
-    "outputs",  # chat's and the Responses API's output parsers and tool_choice constraint
     "tokenize",
     "check",
     "route",
