@@ -80,6 +80,57 @@ COMPLETION = st.fixed_dictionaries(
     optional=SAMPLING | {"echo": st.booleans(), "best_of": NUMBER, "suffix": ODD_TEXT},
 )
 
+PART = st.fixed_dictionaries(
+    {"type": st.sampled_from(["input_text", "output_text", "refusal", "input_image"]) | ANY},
+    optional={"text": ODD_TEXT | ANY, "refusal": ODD_TEXT, "annotations": ANY},
+)
+ITEM = st.fixed_dictionaries(
+    {},
+    optional={
+        "type": st.sampled_from(
+            ["message", "function_call", "function_call_output", "reasoning", "item_reference"]
+        )
+        | ANY,
+        "role": st.sampled_from(["user", "assistant", "system", "developer", "tool"]) | ANY,
+        "content": ODD_TEXT | st.lists(PART, max_size=2) | ANY,
+        "call_id": ODD_TEXT | ANY,
+        "name": ODD_TEXT | ANY,
+        "arguments": ODD_TEXT | ANY,
+        "output": ODD_TEXT | st.lists(PART, max_size=2) | ANY,
+        "summary": st.just([]) | ANY,
+    },
+)
+RESPONSES = st.fixed_dictionaries(
+    {
+        "model": st.just(MODEL),
+        "input": ODD_TEXT | st.lists(ITEM, max_size=3) | ANY,
+        "max_output_tokens": SMALL_TOKENS | NUMBER,
+    },
+    optional={
+        "instructions": ODD_TEXT | ANY,
+        "temperature": NUMBER | ANY,
+        "top_p": NUMBER | ANY,
+        "stream": st.booleans() | ANY,
+        "tools": st.lists(
+            st.fixed_dictionaries(
+                {"type": st.sampled_from(["function", "web_search"]) | ANY},
+                optional={"name": ODD_TEXT | ANY, "parameters": ANY},
+            ),
+            max_size=2,
+        )
+        | ANY,
+        "tool_choice": st.sampled_from(["auto", "none", "required"]) | ANY,
+        "text": st.fixed_dictionaries(
+            {}, optional={"format": st.fixed_dictionaries({"type": ODD_TEXT}) | ANY}
+        )
+        | ANY,
+        "reasoning": ANY,
+        "store": st.booleans() | ANY,
+        "metadata": ANY,
+        "unknown_field": ANY,
+    },
+)
+
 
 @pytest.fixture(scope="module", params=["sglang", "vllm"])
 def stack(request):
@@ -126,6 +177,12 @@ def test_chat_bodies(stack, body):
 @given(body=COMPLETION)
 def test_completion_bodies(stack, body):
     check(stack, "/v1/completions", body)
+
+
+@FUZZ
+@given(body=RESPONSES)
+def test_responses_bodies(stack, body):
+    check(stack, "/v1/responses", body)
 
 
 @pytest.mark.parametrize(

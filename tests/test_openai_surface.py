@@ -11,6 +11,7 @@ parsers by itself from its template.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -111,15 +112,18 @@ def script(model: str) -> list[dict[str, str]]:
     ]
 
 
-@pytest.fixture(scope="module", params=["sglang", "vllm"])
-def stack(request, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp(f"surface-{request.param}")
+@contextlib.contextmanager
+def family_stack(protocol: str, tmp: Path, models=tuple(FAMILIES), embed: bool = True):
+    """The real stack over one mock engine per model family in `models` (each with its
+    family's template and script), plus the embedding engine; `.client` is an OpenAI
+    client. Used by the Responses API's e2e tests too."""
     with Processes() as procs:
         pending = []
-        for model, (template, _, _) in FAMILIES.items():
+        for model in models:
+            template = FAMILIES[model][0]
             rules = tmp / f"{model}.json"
             rules.write_text(json.dumps(script(model)))
-            args = ["mock-engine", "--protocol", request.param, "--port", "0"]
+            args = ["mock-engine", "--protocol", protocol, "--port", "0"]
             args += ["--model-name", model, "--script", str(rules), "--speedup", "8"]
             if template is not None:
                 source = (TEMPLATES / template).read_text()
@@ -127,36 +131,45 @@ def stack(request, tmp_path_factory):
                 (folder / "config.json").write_text(json.dumps({"model_type": MODEL_TYPES[model]}))
                 args += ["--tokenizer", str(folder)]
             pending.append(procs.start_ready(f"engine-{model}", *args))
-        pending.append(
-            procs.start_ready(
-                "engine-embed",
-                "mock-engine",
-                "--protocol",
-                request.param,
-                "--port",
-                "0",
-                "--model-name",
-                EMBED_MODEL,
-                "--embedding",
-                "--embedding-dim",
-                "64",
-            )  # fmt: skip
-        )
+        if embed:
+            pending.append(
+                procs.start_ready(
+                    "engine-embed",
+                    "mock-engine",
+                    "--protocol",
+                    protocol,
+                    "--port",
+                    "0",
+                    "--model-name",
+                    EMBED_MODEL,
+                    "--embedding",
+                    "--embedding-dim",
+                    "64",
+                )  # fmt: skip
+            )
         workers = []
         for ready in pending:
             workers += ["--worker", f"grpc://127.0.0.1:{ready.result()['port']}"]
         with running_stack(*workers) as s:
             s.client = openai.OpenAI(base_url=s.base_url + "/v1", api_key="x", max_retries=0)
-            _wait_for_tokenizers(s.client)
-            yield s
-            s.client.close()
+            try:
+                _wait_for_tokenizers(s.client, models)
+                yield s
+            finally:
+                s.client.close()
 
 
-def _wait_for_tokenizers(client: openai.OpenAI) -> None:
+@pytest.fixture(scope="module", params=["sglang", "vllm"])
+def stack(request, tmp_path_factory):
+    with family_stack(request.param, tmp_path_factory.mktemp(f"surface-{request.param}")) as s:
+        yield s
+
+
+def _wait_for_tokenizers(client: openai.OpenAI, models=tuple(FAMILIES)) -> None:
     """The stack is ready once one model's tokenizer is in; the others follow."""
     import time
 
-    for model in FAMILIES:
+    for model in models:
         for _ in range(100):
             try:
                 client.completions.create(model=model, prompt="x", max_tokens=1)

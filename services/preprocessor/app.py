@@ -1,9 +1,9 @@
 """The FastAPI app: everything but the generation endpoints (those are edge.py's).
 
-GET /health, /ready, /v1/models, /metrics, and POST /debug/route, which runs a request's
-prompt stages and asks the router where it would go (with the request's session key, the
-x-session-id header or the body's `user`), sending nothing to an engine. Errors are
-OpenAI-shaped here too.
+GET /health, /ready, /v1/models, /metrics, a 404 for anything under /v1/responses/ (no
+response is stored), and POST /debug/route, which runs a request's prompt stages and asks
+the router where it would go (with the request's session key, the x-session-id header or
+the body's `user`), sending nothing to an engine. Errors are OpenAI-shaped here too.
 """
 
 from __future__ import annotations
@@ -73,6 +73,21 @@ def create_app(state: PreprocessorState) -> FastAPI:
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.api_route("/v1/responses/{rest:path}", methods=["GET", "POST", "DELETE"])
+    async def stored_response(rest: str) -> Response:
+        # Nothing is stored (POST /v1/responses is stateless): retrieve, delete, cancel and
+        # input_items have nothing to act on.
+        return _json(
+            error_body(
+                f"No response is stored here ('{rest.split('/')[0]}'): this server keeps no "
+                "responses, so none can be retrieved, deleted or cancelled; POST /v1/responses "
+                "answers statelessly.",
+                INVALID_REQUEST,
+                "response_not_found",
+            ),
+            404,
+        )
 
     @app.post("/debug/route")
     async def debug_route(request: Request) -> Response:

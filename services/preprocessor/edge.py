@@ -2,11 +2,11 @@
 
 Through FastAPI every streamed chunk would pass the send wrappers of its middleware, and
 StreamingResponse (uvicorn speaks ASGI spec 2.3) runs an anyio task group per request. Here
-POST /v1/chat/completions and /v1/completions read their body (413 past --max-body-bytes) and
-go straight to the stages (stages/endpoints.serve), whose frames go straight to uvicorn's
-send. One plain task per request watches for the client going away, streaming or not: the
-request is then cancelled, which aborts its engine requests. Every other request, and the
-lifespan, is FastAPI's.
+POST /v1/chat/completions, /v1/completions, /v1/embeddings and /v1/responses read their body
+(413 past --max-body-bytes) and go straight to the stages (stages/endpoints.serve), whose
+frames go straight to uvicorn's send. One plain task per request watches for the client
+going away, streaming or not: the request is then cancelled, which aborts its engine
+requests. Every other request, and the lifespan, is FastAPI's.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from switchyard.preprocessor.stages.context import (
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,
+    RESPONSES,
     SESSION_HEADER,
     Deps,
 )
@@ -39,6 +40,7 @@ GENERATION_PATHS = {
     "/v1/chat/completions": CHAT,
     "/v1/completions": COMPLETIONS,
     "/v1/embeddings": EMBEDDINGS,
+    "/v1/responses": RESPONSES,
 }
 STREAM_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),

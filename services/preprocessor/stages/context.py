@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 CHAT = "chat_completions"
 COMPLETIONS = "completions"
 EMBEDDINGS = "embeddings"
+RESPONSES = "responses"
 # The router's session key (session affinity); without it, the body's `user` is the key.
 SESSION_HEADER = "x-session-id"
 
@@ -68,7 +69,7 @@ class Deps:
 
 @dataclass(frozen=True, slots=True)
 class RequestInput:
-    endpoint: str  # CHAT | COMPLETIONS
+    endpoint: str  # CHAT | COMPLETIONS | EMBEDDINGS | RESPONSES
     request_id: str
     request: ChatCompletionRequest | CompletionRequest | EmbeddingRequest
     received: float  # time.perf_counter() when the body was read

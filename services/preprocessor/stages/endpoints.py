@@ -1,14 +1,17 @@
 """Each endpoint's stages, in order, built in this one place, and `serve`, which runs them.
 
     chat:         parse, model, template, outputs, tokenize, check, generate, stream, finish
+    responses:    parse, model, template, outputs, tokenize, check, generate, stream, finish
     completions:  parse, model,                    tokenize, check, generate, stream, finish
     embeddings:   parse, model,                    tokenize,        embed,           finish
 
 `outputs` sets up the output parsers and tool_choice's constraint; `generate` routes and
 dispatches each prompt's choices (route -> prefill hop -> dispatch, see generation.py);
 `stream` is the token loop, around which migration re-runs route -> dispatch for a failed
-attempt. Every failure becomes an OpenAI-shaped error here: an HTTP status before
-the first byte of the answer, an error event inside a stream after it.
+attempt. The Responses API is chat's stages with its own parse (its request as the chat
+request it amounts to, responses_requests) and its own sinks (responses.py), its errors
+renamed to its fields. Every failure becomes an OpenAI-shaped error here: an HTTP status
+before the first byte of the answer, an error event inside a stream after it.
 """
 
 from __future__ import annotations
@@ -29,12 +32,18 @@ from switchyard.preprocessor.openai_requests import (
     parse_completion,
     parse_embeddings,
 )
+from switchyard.preprocessor.responses_requests import (
+    ResponsesRequest,
+    parse_responses,
+    responses_error,
+)
 from switchyard.preprocessor.stages import embed as embed_stages
 from switchyard.preprocessor.stages.choice import ChoiceOutput
 from switchyard.preprocessor.stages.context import (
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,
+    RESPONSES,
     Deps,
     RequestContext,
     RequestInput,
@@ -48,7 +57,12 @@ from switchyard.preprocessor.stages.prompt import (
     resolve_model,
     tokenize,
 )
-from switchyard.preprocessor.stages.sinks import CollectSink, HttpOut, StreamSink, Usage
+from switchyard.preprocessor.stages.responses import (
+    ResponseCollectSink,
+    ResponseHead,
+    ResponseStreamSink,
+)
+from switchyard.preprocessor.stages.sinks import CollectSink, HttpOut, Sink, StreamSink, Usage
 from switchyard.preprocessor.stages.token_loop import stream
 
 
@@ -63,8 +77,9 @@ PARSE: dict[
     CHAT: parse_chat_completion,
     COMPLETIONS: parse_completion,
     EMBEDDINGS: parse_embeddings,
+    RESPONSES: parse_responses,
 }
-ID_PREFIX = {CHAT: "chatcmpl", COMPLETIONS: "cmpl", EMBEDDINGS: "embd"}
+ID_PREFIX = {CHAT: "chatcmpl-", COMPLETIONS: "cmpl-", EMBEDDINGS: "embd-", RESPONSES: "resp_"}
 PROMPT_STAGES: dict[str, tuple[Stage, ...]] = {
     CHAT: (
         Stage("model", resolve_model),
@@ -83,6 +98,7 @@ PROMPT_STAGES: dict[str, tuple[Stage, ...]] = {
         Stage("tokenize", embed_stages.tokenize),
     ),
 }
+PROMPT_STAGES[RESPONSES] = PROMPT_STAGES[CHAT]
 
 
 async def run_stages(ctx: RequestContext, stages: tuple[Stage, ...]) -> None:
@@ -104,7 +120,7 @@ def parse(
     request = PARSE[endpoint](body)
     if deps.timer is not None:
         deps.timer.add("parse", time.perf_counter() - t0)
-    request_id = f"{ID_PREFIX[endpoint]}-{uuid.uuid4().hex}"
+    request_id = f"{ID_PREFIX[endpoint]}{uuid.uuid4().hex}"
     session = session_id or request.user
     return RequestContext(
         RequestInput(endpoint, request_id, request, received, int(time.time()), session), deps
@@ -185,9 +201,12 @@ def _parser(ctx: RequestContext):  # type: ignore[no-untyped-def]
     return parser
 
 
-def sink_for(ctx: RequestContext, http: HttpOut) -> StreamSink | CollectSink:
+def sink_for(ctx: RequestContext, http: HttpOut) -> Sink:
     inp = ctx.inp
     req = inp.request
+    if isinstance(req, ResponsesRequest):
+        head = ResponseHead(inp.request_id, req.model, inp.created, req.shown)
+        return ResponseStreamSink(http, head) if req.stream else ResponseCollectSink(http, head)
     chat = inp.endpoint == CHAT
     if req.stream:
         frames = (sse.ChatStream if chat else sse.CompletionStream)(
@@ -197,7 +216,7 @@ def sink_for(ctx: RequestContext, http: HttpOut) -> StreamSink | CollectSink:
     return CollectSink(http, inp.request_id, req.model, inp.created, chat)
 
 
-async def finish(ctx: RequestContext, sink: StreamSink | CollectSink) -> None:
+async def finish(ctx: RequestContext, sink: Sink) -> None:
     t0 = time.perf_counter()
     state = ctx.state
     req = ctx.inp.request
@@ -238,7 +257,7 @@ async def serve(
     """Answer one generation request on `http`; returns the HTTP status (200 once a stream
     started, whatever happened in it). `session_id`: the x-session-id header."""
     ctx: RequestContext | None = None
-    sink: StreamSink | CollectSink | None = None
+    sink: Sink | None = None
     try:
         ctx = parse(deps, endpoint, body, received, session_id)
         await run_stages(ctx, PROMPT_STAGES[endpoint])
@@ -260,6 +279,8 @@ async def serve(
         return 200
     except Exception as exc:
         err = as_request_error(exc)
+        if endpoint == RESPONSES:
+            err = responses_error(err)
         if sink is not None and await sink.fail(err):
             return 200
         await http.respond(err.status, err.body())

@@ -56,7 +56,7 @@ def resolve_model(ctx: RequestContext) -> None:
         raise InvalidRequestError(f"The model {model!r} is {what}.", "model_not_supported", "model")
     ctx.state.entry = entry
     ctx.state.tokenizer = tokenizer
-    if ctx.inp.endpoint == "chat_completions":
+    if isinstance(ctx.inp.request, ChatCompletionRequest):  # chat, and Responses as chat
         ctx.state.parsers = ctx.deps.parsers(model, tokenizer)
 
 

@@ -20,13 +20,13 @@ from switchyard.preprocessor.stages.choice import ChoiceOutput
 from switchyard.preprocessor.stages.context import RequestContext
 from switchyard.preprocessor.stages.generation import Generation
 from switchyard.preprocessor.stages.logprobs import chat_entries
-from switchyard.preprocessor.stages.sinks import CollectSink, StreamSink
+from switchyard.preprocessor.stages.sinks import Sink
 from switchyard.preprocessor.stages.watchdog import Watchdog
 from switchyard.protos.messages import GenerateFailed, GenerateFinished, TokenDelta
 
 
 def _logprobs(
-    ctx: RequestContext, sink: StreamSink | CollectSink, choice: ChoiceOutput, reply: TokenDelta
+    ctx: RequestContext, sink: Sink, choice: ChoiceOutput, reply: TokenDelta
 ) -> None:
     detail = reply.detail
     assert detail is not None
@@ -48,7 +48,7 @@ def _logprobs(
             sink.logprobs(choice, entries)
 
 
-async def stream(ctx: RequestContext, sink: StreamSink | CollectSink) -> None:
+async def stream(ctx: RequestContext, sink: Sink) -> None:
     """Runs until every choice has finished; raises the request's failure."""
     state = ctx.state
     deps = ctx.deps

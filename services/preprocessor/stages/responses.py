@@ -1,0 +1,397 @@
+"""The Responses API's output: the response object, its SSE events, and the two sinks.
+
+The token loop feeds these sinks exactly as it feeds chat's (stages.sinks.Sink); they turn
+one choice's (content, reasoning, tool-call) deltas into output items:
+
+    reasoning       {"type": "reasoning", "content": [{"type": "reasoning_text", ...}],
+                    "summary": []}  (the raw reasoning; there is no summarizer here)
+    message         {"type": "message", "role": "assistant", "content": [{"type":
+                    "output_text", "text", "annotations": [], "logprobs": []}]}
+    function_call   {"type": "function_call", "call_id", "name", "arguments"}
+
+`ResponseStreamSink` opens an item when the kind of output changes (reasoning, then the
+message, then each call, as the model writes them) and streams its events:
+output_item.added, content_part.added, ...delta per batch, ...done, content_part.done,
+output_item.done; the first output is preceded by response.created and
+response.in_progress, and the end is response.completed, or response.incomplete when
+max_output_tokens cut the output. Nothing is written before the first output, so a request
+that fails before it gets an HTTP error status, as in chat; a failure after it is a
+response.failed event. Every frame has its `event:` line and a `sequence_number`.
+`ResponseCollectSink` answers once with the whole response object: the reasoning item, the
+message (omitted when the output is only tool calls) and the calls.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import orjson
+
+from switchyard.preprocessor.errors import RequestError
+from switchyard.preprocessor.parsers import ParsedDelta, ToolCallDelta
+from switchyard.preprocessor.stages.choice import ChoiceOutput
+from switchyard.preprocessor.stages.sinks import HttpOut, Usage
+
+MESSAGE, REASONING, CALL = "message", "reasoning", "function_call"
+_PREFIX = {MESSAGE: "msg", REASONING: "rs", CALL: "fc"}
+_DELTA_EVENT = {
+    MESSAGE: "response.output_text.delta",
+    REASONING: "response.reasoning_text.delta",
+    CALL: "response.function_call_arguments.delta",
+}
+
+
+def usage_dict(usage: Usage) -> dict[str, Any]:
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+    }
+
+
+class ResponseHead:
+    """What every response object of one request shares: id, model, time, echoed params."""
+
+    __slots__ = ("id", "model", "created_at", "shown")
+
+    def __init__(self, response_id: str, model: str, created_at: int, shown: dict[str, Any]):
+        self.id = response_id
+        self.model = model
+        self.created_at = created_at
+        self.shown = shown
+
+    def body(
+        self,
+        status: str,
+        output: list[dict[str, Any]],
+        usage: Usage | None = None,
+        error: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "background": False,
+            "error": error,
+            "incomplete_details": (
+                {"reason": "max_output_tokens"} if status == "incomplete" else None
+            ),
+            "model": self.model,
+            "output": output,
+            "previous_response_id": None,
+            "store": False,  # nothing is kept: GET /v1/responses/{id} is a 404
+            "truncation": "disabled",
+            "max_tool_calls": None,
+            "top_logprobs": 0,
+            **self.shown,
+            "usage": usage_dict(usage) if usage is not None else None,
+        }
+        if status in ("completed", "incomplete"):
+            body["completed_at"] = int(time.time())
+        return body
+
+
+def _item_id(kind: str) -> str:
+    return f"{_PREFIX[kind]}_{uuid.uuid4().hex}"
+
+
+def _output_text(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "type": MESSAGE,
+        "status": status,
+        "role": "assistant",
+        "content": [_output_text(text)] if status != "in_progress" else [],
+    }
+
+
+def reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    content = [{"type": "reasoning_text", "text": text}] if status != "in_progress" else []
+    return {"id": item_id, "type": REASONING, "summary": [], "content": content, "status": status}
+
+
+def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict:
+    return {
+        "id": item_id,
+        "type": CALL,
+        "status": status,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+    }
+
+
+def failure(err: RequestError) -> dict[str, Any]:
+    """A response object's `error` (its codes are the API's: server_error for our side)."""
+    return {
+        "code": "server_error" if err.status >= 500 else "invalid_prompt",
+        "message": err.message,
+    }
+
+
+class _Item:
+    """The output item being streamed."""
+
+    __slots__ = ("kind", "id", "index", "parts", "call_id", "name", "delta_head")
+
+    def __init__(self, kind: str, index: int, call: ToolCallDelta | None = None) -> None:
+        self.kind = kind
+        self.id = _item_id(kind)
+        self.index = index  # its output_index
+        self.parts: list[str] = []  # its text (arguments for a call)
+        self.call_id = (call.id or "") if call is not None else ""
+        self.name = (call.name or "") if call is not None else ""
+        event = _DELTA_EVENT[kind].encode()
+        head = [b"event: ", event, b'\ndata: {"type":"', event, b'","item_id":"', self.id.encode()]
+        head += [b'","output_index":', str(index).encode()]
+        if kind != CALL:
+            head.append(b',"content_index":0')
+        if kind == MESSAGE:
+            head.append(b',"logprobs":[]')
+        head.append(b',"delta":')
+        self.delta_head = b"".join(head)  # the constant start of this item's delta events
+
+    def done(self, status: str) -> dict[str, Any]:
+        text = "".join(self.parts)
+        if self.kind == MESSAGE:
+            return message_item(self.id, text, status)
+        if self.kind == REASONING:
+            return reasoning_item(self.id, text, status)
+        return call_item(self.id, self.call_id, self.name, text, status)
+
+    def added(self) -> dict[str, Any]:
+        if self.kind == CALL:
+            return call_item(self.id, self.call_id, self.name, "", "in_progress")
+        return self.done("in_progress")
+
+
+class ResponseStreamSink:
+    __slots__ = ("_http", "_head", "_seq", "_out", "_item", "_pending", "_items", "_announced",
+                 "_incomplete", "started")  # fmt: skip
+
+    def __init__(self, http: HttpOut, head: ResponseHead) -> None:
+        self._http = http
+        self._head = head
+        self._seq = 0
+        self._out: list[bytes] = []
+        self._item: _Item | None = None
+        self._pending: list[str] = []  # the open item's text not yet in a delta event
+        self._items: list[dict[str, Any]] = []  # finished output items
+        self._announced = False  # response.created went out
+        self._incomplete = False  # max_output_tokens cut the output
+        self.started = False
+
+    # --- frames ---------------------------------------------------------------------------
+
+    def _event(self, name: str, fields: dict[str, Any]) -> None:
+        fields = {"type": name, **fields, "sequence_number": self._seq}
+        self._seq += 1
+        self._out.append(b"event: %s\ndata: %s\n\n" % (name.encode(), orjson.dumps(fields)))
+
+    def _announce(self) -> None:
+        if not self._announced:
+            self._announced = True
+            body = self._head.body("in_progress", [])
+            self._event("response.created", {"response": body})
+            self._event("response.in_progress", {"response": body})
+
+    def _delta(self) -> None:
+        pending = self._pending
+        item = self._item
+        if not pending or item is None:
+            return
+        text = pending[0] if len(pending) == 1 else "".join(pending)
+        pending.clear()
+        seq = self._seq
+        self._seq += 1
+        self._out.append(
+            b'%s%s,"sequence_number":%d}\n\n' % (item.delta_head, orjson.dumps(text), seq)
+        )
+
+    def _part_fields(self, item: _Item) -> dict[str, Any]:
+        return {"item_id": item.id, "output_index": item.index, "content_index": 0}
+
+    def _open(self, kind: str, call: ToolCallDelta | None = None) -> _Item:
+        self._announce()
+        self._close()
+        item = self._item = _Item(kind, len(self._items), call)
+        self._event(
+            "response.output_item.added", {"output_index": item.index, "item": item.added()}
+        )
+        if kind == MESSAGE:
+            part: dict[str, Any] = _output_text("")
+        elif kind == REASONING:
+            part = {"type": "reasoning_text", "text": ""}
+        else:
+            return item
+        self._event("response.content_part.added", {**self._part_fields(item), "part": part})
+        return item
+
+    def _close(self, status: str = "completed") -> None:
+        item = self._item
+        if item is None:
+            return
+        self._delta()
+        done = item.done(status)
+        text = "".join(item.parts)
+        if item.kind == CALL:
+            fields = {"item_id": item.id, "output_index": item.index, "name": item.name}
+            self._event("response.function_call_arguments.done", {**fields, "arguments": text})
+        else:
+            part = done["content"][0]
+            if item.kind == MESSAGE:
+                self._event(
+                    "response.output_text.done",
+                    {**self._part_fields(item), "text": text, "logprobs": []},
+                )
+            else:
+                self._event(
+                    "response.reasoning_text.done", {**self._part_fields(item), "text": text}
+                )
+            self._event("response.content_part.done", {**self._part_fields(item), "part": part})
+        self._event("response.output_item.done", {"output_index": item.index, "item": done})
+        self._items.append(done)
+        self._item = None
+
+    def _add(self, kind: str, text: str) -> None:
+        item = self._item
+        if item is None or item.kind != kind:
+            item = self._open(kind)
+        item.parts.append(text)
+        self._pending.append(text)
+
+    # --- the token loop's calls -------------------------------------------------------------
+
+    def content(self, choice: ChoiceOutput, text: str) -> None:
+        self._add(MESSAGE, text)
+
+    def echo(self, choice: ChoiceOutput) -> None:
+        choice.echoed = True  # completions only
+
+    def parsed(self, choice: ChoiceOutput, parsed: ParsedDelta) -> None:
+        content, reasoning, calls = parsed
+        if reasoning:
+            self._add(REASONING, reasoning)
+        if content:
+            self._add(MESSAGE, content)
+        for call in calls:
+            item = self._item
+            if call.name is not None:  # a call starts: its id and name come first
+                item = self._open(CALL, call)
+            elif item is None or item.kind != CALL:
+                continue  # parsers send a call's name before its arguments
+            if call.arguments:
+                item.parts.append(call.arguments)
+                self._pending.append(call.arguments)
+
+    def logprobs(self, choice: ChoiceOutput, part: Any) -> None:
+        pass  # never asked of the engine (top_logprobs is refused)
+
+    def finish(self, choice: ChoiceOutput) -> None:
+        self._incomplete = choice.finish_reason == "length"
+        if self._item is None and not self._items:
+            self._open(MESSAGE)  # an empty answer is still a message
+        self._close("incomplete" if self._incomplete else "completed")
+
+    async def flush(self) -> None:
+        self._delta()
+        if not self._out:
+            return
+        data = b"".join(self._out)
+        self._out.clear()
+        if not self.started:
+            self.started = True
+            await self._http.start_stream()
+        await self._http.write(data)
+
+    async def end(self, choices: list[ChoiceOutput], usage: Usage) -> None:
+        self._announce()
+        self._close()
+        status = "incomplete" if self._incomplete else "completed"
+        body = self._head.body(status, self._items, usage)
+        self._event(f"response.{status}", {"response": body})
+        await self.flush()
+        await self._http.end_stream()
+
+    async def fail(self, err: RequestError) -> bool:
+        """response.failed inside the stream; False when nothing was sent yet (the caller
+        then answers with the error's HTTP status)."""
+        if not self.started:
+            self._out.clear()
+            self._pending.clear()
+            return False
+        self._delta()
+        body = self._head.body("failed", self._items, error=failure(err))
+        self._event("response.failed", {"response": body})
+        await self.flush()
+        await self._http.end_stream()
+        return True
+
+
+class ResponseCollectSink:
+    """The whole response object at the end (not streaming)."""
+
+    __slots__ = ("_http", "_head", "_content", "_reasoning")
+
+    started = False
+
+    def __init__(self, http: HttpOut, head: ResponseHead) -> None:
+        self._http = http
+        self._head = head
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+
+    def content(self, choice: ChoiceOutput, text: str) -> None:
+        self._content.append(text)
+
+    def echo(self, choice: ChoiceOutput) -> None:
+        choice.echoed = True
+
+    def parsed(self, choice: ChoiceOutput, parsed: ParsedDelta) -> None:
+        if parsed[0]:
+            self._content.append(parsed[0])
+        if parsed[1]:
+            self._reasoning.append(parsed[1])
+
+    def logprobs(self, choice: ChoiceOutput, part: Any) -> None:
+        pass  # never asked of the engine (top_logprobs is refused)
+
+    def finish(self, choice: ChoiceOutput) -> None:
+        pass
+
+    async def flush(self) -> None:
+        pass
+
+    def output(self, choice: ChoiceOutput) -> tuple[str, list[dict[str, Any]]]:
+        """The response's status and output items."""
+        incomplete = choice.finish_reason == "length"
+        items: list[dict[str, Any]] = []
+        if self._reasoning:
+            items.append(reasoning_item(_item_id(REASONING), "".join(self._reasoning), "completed"))
+        calls = choice.parser.calls if choice.parser is not None else []
+        text = "".join(self._content)
+        if text or not calls:
+            items.append(message_item(_item_id(MESSAGE), text, "completed"))
+        for call in calls:
+            items.append(call_item(_item_id(CALL), call.id, call.name, call.arguments, "completed"))
+        if incomplete:
+            items[-1]["status"] = "incomplete"
+            return "incomplete", items
+        return "completed", items
+
+    async def end(self, choices: list[ChoiceOutput], usage: Usage) -> None:
+        (choice,) = choices  # the Responses API has no n
+        status, items = self.output(choice)
+        await self._http.respond(200, orjson.dumps(self._head.body(status, items, usage)))
+
+    async def fail(self, err: RequestError) -> bool:
+        return False
