@@ -8,7 +8,7 @@ from collections.abc import Callable
 import uvicorn
 
 from switchyard.common import endpoints
-from switchyard.common.logs import setup_logging
+from switchyard.common.logs import add_logging_arguments, setup_logging
 from switchyard.common.metrics import add_metrics_arguments, serve_metrics
 from switchyard.common.ports import add_port_arguments, bind_tcp, write_ready_file
 from switchyard.preprocessor.app import create_app
@@ -20,7 +20,9 @@ from switchyard.preprocessor.tokenizer_source import parse_tokenizer_flags
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default=endpoints.HTTP_HOST)
+    parser.add_argument(
+        "--host", default=endpoints.HTTP_HOST, help="address the HTTP API listens on"
+    )
     parser.add_argument(
         "--port",
         type=int,
@@ -37,10 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dispatcher",
         action="append",
         default=None,
-        help="dispatcher ZMQ endpoint (repeat for replicas)",
+        help=f"dispatcher ZMQ endpoint (repeat for replicas; default {endpoints.DISPATCHER})",
     )
-    parser.add_argument("--fleet-control", default=endpoints.FLEET_CONTROL)
-    parser.add_argument("--fleet-events", default=endpoints.FLEET_EVENTS)
+    endpoints.add_fleet_arguments(parser)
     parser.add_argument(
         "--tokenizer",
         action="append",
@@ -67,7 +68,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how a model's reasoning is split from its answer: deepseek_r1, deepseek_v31, "
         "qwen3, kimi_k2, none; MODEL=NAME for one model (repeat); default: guessed",
     )
-    parser.add_argument("--route-timeout", type=float, default=5.0)
+    parser.add_argument(
+        "--route-timeout",
+        type=float,
+        default=5.0,
+        help="seconds to wait for a router's answer before trying the next router (or the "
+        "local round-robin fallback)",
+    )
     parser.add_argument(
         "--stream-idle-timeout",
         type=float,
@@ -88,7 +95,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=30.0,
         help="seconds a stream waits for a dispatcher when none is connected (one restarting)",
     )
-    parser.add_argument("--migration-limit", type=int, default=3)
+    parser.add_argument(
+        "--migration-limit",
+        type=int,
+        default=3,
+        help="how many times one request may move to another engine after a fault",
+    )
     parser.add_argument(
         "--tokenize-offload-chars",
         type=int,
@@ -122,13 +134,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="benchmark mode: time every request stage into "
         "switchyard_preprocessor_stage_seconds{stage}",
     )
-    add_metrics_arguments(parser)  # /metrics is also served on the HTTP port
+    add_metrics_arguments(parser, "preprocessor")  # /metrics is also served on the HTTP port
     add_port_arguments(parser)
-    parser.add_argument("--log-level", default="INFO")
+    add_logging_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    setup_logging("preprocessor", args.log_level)
+    logs = setup_logging("preprocessor", args.log_level, args.log_format)
     try:
         default_dir, per_model = parse_tokenizer_flags(args.tokenizer)
     except ValueError as exc:
@@ -186,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"preprocessor: cannot bind {args.host}:{args.port}: {exc}") from None
     sock.set_inheritable(True)
     port = int(sock.getsockname()[1])
+    logs.instance = f"http://{args.host}:{port}"
     write_ready_file(args.ready_file, {"port": port, "metrics_port": metrics_port})
     server.run(sockets=[sock])
     return 0

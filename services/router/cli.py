@@ -6,7 +6,7 @@ import argparse
 import asyncio
 
 from switchyard.common import endpoints
-from switchyard.common.logs import setup_logging
+from switchyard.common.logs import add_logging_arguments, setup_logging
 from switchyard.common.metrics import add_metrics_arguments, serve_metrics
 from switchyard.common.ports import add_port_arguments, write_ready_file
 from switchyard.common.runner import run_until_signal
@@ -22,9 +22,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=endpoints.ROUTER,
         help="ZMQ endpoint to serve on (port 0: a free one, see --ready-file)",
     )
-    parser.add_argument("--fleet-control", default=endpoints.FLEET_CONTROL)
-    parser.add_argument("--fleet-events", default=endpoints.FLEET_EVENTS)
-    parser.add_argument("--router-mode", choices=MODES, default="kv")
+    endpoints.add_fleet_arguments(parser)
+    parser.add_argument(
+        "--router-mode",
+        choices=MODES,
+        default="kv",
+        help="kv: prefix-cache overlap and load; least_loaded, round_robin, random: ignore "
+        "the cache",
+    )
     parser.add_argument(
         "--kv-overlap-weight",
         type=float,
@@ -50,13 +55,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=600.0,
         help="seconds after which an unfinished request stops counting as load",
     )
-    add_metrics_arguments(parser)
+    add_metrics_arguments(parser, "router")
     add_port_arguments(parser)
-    parser.add_argument("--log-level", default="INFO")
+    add_logging_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    setup_logging("router", args.log_level)
+    logs = setup_logging("router", args.log_level, args.log_format)
     kv_params = KvParams(args.kv_overlap_weight, args.kv_temperature)
 
     async def main(stop: asyncio.Event) -> None:
@@ -71,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         )
 
         def bound(endpoint: str) -> None:
+            logs.instance = endpoint
             write_ready_file(args.ready_file, {"bind": endpoint, "metrics_port": metrics_port})
 
         await service.run(stop, ports=args.port_range, on_bound=bound)
