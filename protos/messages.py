@@ -243,6 +243,11 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True, tag="generate")
     # holds it back by itself when it runs a reasoning parser, and with this false the adapter
     # tells it to constrain from the first token (grammar_from_first_token).
     reasoning: bool = False
+    # Sent to the engine as gRPC metadata (x-request-id, traceparent) so its logs and traces
+    # join the client's request: the HTTP request id, and the W3C trace context of the
+    # preprocessor's dispatch span (None when tracing is off).
+    http_request_id: str | None = None
+    traceparent: str | None = None
 
 
 class EmbedRequest(msgspec.Struct, frozen=True, kw_only=True, tag="embed"):
@@ -251,6 +256,8 @@ class EmbedRequest(msgspec.Struct, frozen=True, kw_only=True, tag="embed"):
     request_id: str
     instance_id: int
     inputs: list[list[int]]
+    http_request_id: str | None = None  # as on GenerateRequest
+    traceparent: str | None = None
 
 
 class CancelRequest(msgspec.Struct, frozen=True, tag="cancel"):

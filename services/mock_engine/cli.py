@@ -106,6 +106,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="disaggregation role it reports and plays",
     )
     add_logging_arguments(parser)
+    parser.add_argument(
+        "--log-requests",
+        action="store_true",
+        help="log every Generate/Embed call with its request id and its x-request-id and "
+        "traceparent metadata (INFO)",
+    )
     kv = parser.add_argument_group("KV events (the engines' ZMQ publisher, and SubscribeKvEvents)")
     kv.add_argument(
         "--kv-events-endpoint",
@@ -291,6 +297,7 @@ def config_from_args(args: argparse.Namespace) -> cfg.MockEngineConfig:
         embedding_dim=args.embedding_dim,
         max_logprobs=args.max_logprobs,
         script_path=args.script,
+        log_requests=args.log_requests,
     )
 
 

@@ -129,6 +129,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(the kernel spreads connections over them); listens once ready (at most 60 s on)",
     )
     parser.add_argument(
+        "--no-access-log",
+        action="store_true",
+        help="write no access line per request (logger switchyard.access, INFO)",
+    )
+    parser.add_argument(
+        "--otlp-endpoint",
+        default=None,
+        metavar="URL",
+        help="turn tracing on: export OpenTelemetry spans over OTLP/gRPC to this collector, "
+        "e.g. http://127.0.0.1:4317 (http: plaintext); default: off",
+    )
+    parser.add_argument(
+        "--trace-sample-ratio",
+        type=float,
+        default=1.0,
+        help="with tracing on, the share of requests traced when the client's traceparent "
+        "does not decide",
+    )
+    parser.add_argument(
         "--stage-timing",
         action="store_true",
         help="benchmark mode: time every request stage into "
@@ -153,30 +172,47 @@ def run(args: argparse.Namespace) -> int:
         reasoning_parsers = _parser_flags(args.reasoning_parser, reasoning_format)
     except ValueError as exc:
         raise SystemExit(f"preprocessor: {exc}") from None
-    config = PreprocessorConfig(
-        tool_parsers=tool_parsers,
-        reasoning_parsers=reasoning_parsers,
-        routers=args.router or [endpoints.ROUTER],
-        dispatchers=args.dispatcher or [endpoints.DISPATCHER],
-        fleet_control=args.fleet_control,
-        fleet_events=args.fleet_events,
-        tokenizer_dir=default_dir,
-        tokenizer_dirs=per_model,
-        route_timeout=args.route_timeout,
-        stream_idle_timeout=args.stream_idle_timeout,
-        stream_gap_timeout=args.stream_gap_timeout,
-        stage_timing=args.stage_timing,
-        dispatcher_wait=args.dispatcher_wait,
-        migration_limit=args.migration_limit,
-        tokenize_offload_chars=args.tokenize_offload_chars,
-        # Sharing the port: listen once ready, so the kernel picks only ready processes.
-        listen_when_ready_s=READY_WAIT_S if args.reuse_port else 0.0,
-    )
+    # Bound first (uvicorn listens on it once the app started): port 0 is searched in
+    # --port-range and reported, so no other process ever picks the number for us; and the
+    # URL names this process in its logs and traces.
+    try:
+        sock = bind_tcp(args.host, args.port, args.port_range, reuse_port=args.reuse_port)
+    except OSError as exc:
+        raise SystemExit(f"preprocessor: cannot bind {args.host}:{args.port}: {exc}") from None
+    sock.set_inheritable(True)
+    port = int(sock.getsockname()[1])
+    logs.instance = instance = f"http://{args.host}:{port}"
+    try:
+        config = PreprocessorConfig(
+            tool_parsers=tool_parsers,
+            reasoning_parsers=reasoning_parsers,
+            routers=args.router or [endpoints.ROUTER],
+            dispatchers=args.dispatcher or [endpoints.DISPATCHER],
+            fleet_control=args.fleet_control,
+            fleet_events=args.fleet_events,
+            tokenizer_dir=default_dir,
+            tokenizer_dirs=per_model,
+            route_timeout=args.route_timeout,
+            stream_idle_timeout=args.stream_idle_timeout,
+            stream_gap_timeout=args.stream_gap_timeout,
+            stage_timing=args.stage_timing,
+            dispatcher_wait=args.dispatcher_wait,
+            migration_limit=args.migration_limit,
+            tokenize_offload_chars=args.tokenize_offload_chars,
+            # Sharing the port: listen once ready, so the kernel picks only ready processes.
+            listen_when_ready_s=READY_WAIT_S if args.reuse_port else 0.0,
+            access_log=not args.no_access_log,
+            otlp_endpoint=args.otlp_endpoint,
+            trace_sample_ratio=args.trace_sample_ratio,
+            instance=instance,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"preprocessor: {exc}") from None
     state = PreprocessorState(config)
     metrics_port = serve_metrics(
         state.metrics.registry, args.metrics_host, args.metrics_port, args.port_range
     )
-    app = Edge(create_app(state), state.deps, args.max_body_bytes)
+    app = Edge(create_app(state), state.deps, args.max_body_bytes, state.access_log)
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -190,15 +226,6 @@ def run(args: argparse.Namespace) -> int:
             timeout_keep_alive=args.keep_alive_timeout,
         )
     )
-    # Bound here (uvicorn listens on it once the app started): port 0 is searched in
-    # --port-range and reported, so no other process ever picks the number for us.
-    try:
-        sock = bind_tcp(args.host, args.port, args.port_range, reuse_port=args.reuse_port)
-    except OSError as exc:
-        raise SystemExit(f"preprocessor: cannot bind {args.host}:{args.port}: {exc}") from None
-    sock.set_inheritable(True)
-    port = int(sock.getsockname()[1])
-    logs.instance = f"http://{args.host}:{port}"
     write_ready_file(args.ready_file, {"port": port, "metrics_port": metrics_port})
     server.run(sockets=[sock])
     return 0

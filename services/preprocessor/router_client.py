@@ -35,6 +35,7 @@ from switchyard.protos.messages import (
 log = logging.getLogger(__name__)
 
 FALLBACK_POLICY = "local_round_robin"
+KV_POLICY = "kv"  # the router's KV-aware policy: its replies predict the cached prefix
 SUSPECT_S = 5.0
 
 
@@ -83,14 +84,19 @@ class LocalFallback:
         self._instances = instances
         self._counter = itertools.count()
 
+    def can_route(self, model: str) -> bool:
+        return any(self._eligible(i, model) for i in self._instances().values())
+
+    @staticmethod
+    def _eligible(instance: Instance, model: str) -> bool:
+        # No prefill hop here: the engine must prefill itself.
+        return instance.model == model and instance.role != ROLE_PREFILL and instance.local_prefill
+
     def route(self, request: RouteRequest) -> RouteResponse:
         candidates = sorted(
             i.instance_id
             for i in self._instances().values()
-            if i.model == request.model
-            and i.role != ROLE_PREFILL
-            and i.local_prefill  # no prefill hop here: the engine must prefill itself
-            and i.instance_id not in request.exclude
+            if self._eligible(i, request.model) and i.instance_id not in request.exclude
         )
         if not candidates:
             return RouteResponse(
@@ -127,6 +133,11 @@ class RouterClient:
 
     async def wait_connected(self, timeout: float) -> bool:
         return any([await r.wait_connected(timeout) for r in self._routers])
+
+    def connected(self) -> bool:
+        """Some router is connected and not suspect (it answered its last call in time)."""
+        now = time.monotonic()
+        return any(r.connected and r.suspect_until <= now for r in self._routers)
 
     def _connected(self) -> list[_Router]:
         first = next(self._turn)

@@ -43,14 +43,16 @@ class RouterService:
     ) -> None:
         self.core = core
         self.bind = bind
-        self.metrics = metrics or RouterMetrics(core.index)
+        self.fleet = FleetClient(fleet_control, fleet_events, on_change=self._on_fleet_change)
+        self.metrics = metrics or RouterMetrics(
+            core.index, lambda: self.fleet.instances, core.tracker
+        )
         self.clock = clock
         self._ctx = zmq.asyncio.Context()
         # Only KV-aware routing needs the engines' events.
         self.ingestor = (
             KvIngestor(core.index, context=self._ctx) if core.policy.needs_overlap else None
         )
-        self.fleet = FleetClient(fleet_control, fleet_events, on_change=self._on_fleet_change)
         self._sock: LoopSocket | None = None
 
     async def run(
@@ -116,7 +118,10 @@ class RouterService:
             metrics.latency.observe(time.perf_counter() - started)
             reply = routed.response
             if reply.instance_id is not None and not message.dry_run:
-                metrics.decisions.labels(core.policy.name).inc()
+                metrics.decisions.labels(core.policy.name, message.model).inc()
+                instance = self.fleet.instances.get(reply.instance_id)
+                if instance is not None:
+                    metrics.routed.labels(instance.model, instance.url).inc()
                 if reply.prompt_blocks:
                     metrics.hit_ratio.observe(reply.overlap_blocks / reply.prompt_blocks)
             return reply

@@ -36,6 +36,7 @@ from switchyard.preprocessor.stages.context import (
     COMPLETIONS,
     EMBEDDINGS,
     Deps,
+    Exchange,
     RequestContext,
     RequestInput,
 )
@@ -87,24 +88,38 @@ PROMPT_STAGES: dict[str, tuple[Stage, ...]] = {
 
 async def run_stages(ctx: RequestContext, stages: tuple[Stage, ...]) -> None:
     timer = ctx.deps.timer
+    trace = ctx.state.trace
     for stage in stages:
         t0 = time.perf_counter()
+        span = trace.span(stage.name) if trace is not None else None
         result = stage.run(ctx)
         if inspect.isawaitable(result):
             await result
+        if span is not None:
+            span.end()
         if timer is not None and stage.name != "model":
             timer.add(stage.name, time.perf_counter() - t0)
 
 
-def parse(deps: Deps, endpoint: str, body: bytes, received: float) -> RequestContext:
+def parse(
+    deps: Deps, endpoint: str, body: bytes, received: float, exchange: Exchange | None = None
+) -> RequestContext:
+    """The request body -> a context; its ids come from the edge (X-Request-Id or minted)."""
     t0 = time.perf_counter()
     request = PARSE[endpoint](body)
     if deps.timer is not None:
         deps.timer.add("parse", time.perf_counter() - t0)
-    request_id = f"{ID_PREFIX[endpoint]}-{uuid.uuid4().hex}"
-    return RequestContext(
-        RequestInput(endpoint, request_id, request, received, int(time.time())), deps
+    if exchange is not None:
+        request_id, prefix = exchange.request_id, exchange.engine_prefix
+    else:
+        request_id, prefix = f"{ID_PREFIX[endpoint]}-{uuid.uuid4().hex}", ""
+    ctx = RequestContext(
+        RequestInput(endpoint, request_id, request, received, int(time.time()), prefix), deps
     )
+    if exchange is not None:
+        exchange.ctx = ctx
+        ctx.state.trace = exchange.trace
+    return ctx
 
 
 async def generate(ctx: RequestContext) -> None:
@@ -146,7 +161,8 @@ async def generate(ctx: RequestContext) -> None:
                 )
             )
             index += 1
-        base_id = ctx.inp.request_id if group == 0 else f"{ctx.inp.request_id}.p{group}"
+        engine_id = ctx.inp.engine_id
+        base_id = engine_id if group == 0 else f"{engine_id}.p{group}"
         echo_logprobs = None
         if not chat and req.echo and state.logprobs is not None:  # type: ignore[union-attr]
             echo_logprobs = state.logprobs
@@ -214,22 +230,42 @@ async def finish(ctx: RequestContext, sink: StreamSink | CollectSink) -> None:
         await sink.end(state.choices, usage, chat_logprobs)
     else:
         await sink.end(state.choices, usage)
-    metrics = ctx.deps.metrics
-    metrics.duration.observe(time.perf_counter() - ctx.inp.received)
-    metrics.input_tokens.inc(usage.prompt_tokens)
-    metrics.output_tokens.inc(usage.completion_tokens)
-    metrics.cached_tokens.inc(usage.cached_tokens)
+    state.usage = usage
+    model = state.entry.name if state.entry is not None else ""
+    ctx.deps.metrics.finished(
+        model, time.perf_counter() - ctx.inp.received, usage, _predictions(ctx)
+    )
     if ctx.deps.timer is not None:
         ctx.deps.timer.add("finish", time.perf_counter() - t0)
 
 
-async def serve(deps: Deps, endpoint: str, body: bytes, received: float, http: HttpOut) -> int:
+def _predictions(ctx: RequestContext) -> list[tuple[int, int, int, int]]:
+    """(predicted, engine-reported cached tokens, block size, prompt tokens) per generation
+    that the KV router placed (other policies predict nothing)."""
+    out = []
+    for gen in ctx.state.generations:
+        if gen.predicted is None:
+            continue
+        predicted, block_size = gen.predicted
+        reported = max((c.cached_tokens for c in gen.choices), default=0)
+        out.append((predicted, reported, block_size, len(gen.prompt_ids)))
+    return out
+
+
+async def serve(
+    deps: Deps,
+    endpoint: str,
+    body: bytes,
+    received: float,
+    http: HttpOut,
+    exchange: Exchange | None = None,
+) -> int:
     """Answer one generation request on `http`; returns the HTTP status (200 once a stream
-    started, whatever happened in it)."""
+    started, whatever happened in it). `exchange` gets the context and the error code."""
     ctx: RequestContext | None = None
     sink: StreamSink | CollectSink | None = None
     try:
-        ctx = parse(deps, endpoint, body, received)
+        ctx = parse(deps, endpoint, body, received, exchange)
         await run_stages(ctx, PROMPT_STAGES[endpoint])
         if endpoint == EMBEDDINGS:
             deps.metrics.active.inc()
@@ -249,6 +285,8 @@ async def serve(deps: Deps, endpoint: str, body: bytes, received: float, http: H
         return 200
     except Exception as exc:
         err = as_request_error(exc)
+        if exchange is not None:
+            exchange.error = err.code
         if sink is not None and await sink.fail(err):
             return 200
         await http.respond(err.status, err.body())

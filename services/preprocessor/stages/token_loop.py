@@ -56,7 +56,8 @@ async def stream(ctx: RequestContext, sink: StreamSink | CollectSink) -> None:
     queue = state.queue
     attempts = state.attempts
     timer = deps.timer
-    itl = deps.metrics.itl
+    model = state.entry.name if state.entry is not None else ""
+    itl = deps.metrics.itl.labels(model)  # looked up once per request, observed per batch
     clock = asyncio.get_running_loop().time
     watchdog = Watchdog(queue, state.generations, limits.first_token_timeout, limits.gap_timeout)
     watchdog.arm()
@@ -143,7 +144,7 @@ async def stream(ctx: RequestContext, sink: StreamSink | CollectSink) -> None:
             if got_tokens:
                 if state.first_token_at is None:
                     state.first_token_at = time.perf_counter()
-                    deps.metrics.ttft.observe(state.first_token_at - ctx.inp.received)
+                    deps.metrics.ttft.labels(model).observe(state.first_token_at - ctx.inp.received)
                 else:
                     itl.observe(now - last_tokens_at)
                 last_tokens_at = now

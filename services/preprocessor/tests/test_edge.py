@@ -42,7 +42,10 @@ class Client:
 
 
 class Deps:
-    metrics = PreprocessorMetrics()
+    def __init__(self) -> None:
+        self.metrics = PreprocessorMetrics()
+        self.tracing = None
+        self.instances = dict
 
 
 @pytest.fixture
@@ -51,7 +54,7 @@ def served(monkeypatch):
     seen: list[tuple[str, bytes]] = []
     state = {"behaviour": None}
 
-    async def serve(deps, endpoint, body, received, out):
+    async def serve(deps, endpoint, body, received, out, exchange=None):
         seen.append((endpoint, body))
         return await state["behaviour"](out)
 
@@ -137,7 +140,7 @@ async def test_a_client_leaving_cancels_the_answer(served, streaming):
     client.leave()
     await asyncio.wait_for(serving, 5)  # returns normally: the client is gone
     assert cancelled.is_set()
-    counted = deps.metrics.requests.labels("chat_completions", str(CLIENT_GONE))._value.get()
+    counted = deps.metrics.requests.labels("chat_completions", "", str(CLIENT_GONE))._value.get()
     assert counted >= 1
 
 

@@ -31,8 +31,10 @@ MODEL = "m"
 
 
 class FakeRouter:
-    def __init__(self, instances: list[int]) -> None:
+    def __init__(self, instances: list[int], policy: str = "", overlap_blocks: int = 0) -> None:
         self.instances = instances
+        self.policy = policy  # "kv": replies predict `overlap_blocks` cached blocks
+        self.overlap_blocks = overlap_blocks
         self.excluded: list[list[int]] = []
         self.progress_log: list[tuple[str, str]] = []
         self.busy_log: list[int] = []
@@ -44,6 +46,8 @@ class FakeRouter:
             request_id=request.request_id,
             instance_id=free[0] if free else None,
             error="" if free else "no_worker",
+            policy=self.policy,
+            overlap_blocks=self.overlap_blocks,
         )
 
     async def progress(self, request_id, instance_id, stage, final) -> None:
@@ -132,6 +136,7 @@ def deps(
     router: FakeRouter,
     dispatcher: FakeDispatcher,
     context_length: int = 4096,
+    tracing: Any = None,
     **limits: Any,
 ) -> Deps:
     entry = ModelEntry(MODEL, context_length, 1)
@@ -155,6 +160,7 @@ def deps(
         parsers=lambda model, b: parsers_for(b.model_config, b.chat_template.source),
         metrics=PreprocessorMetrics(),
         limits=Limits(**limits),
+        tracing=tracing,
     )
 
 

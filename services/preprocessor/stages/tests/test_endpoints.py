@@ -11,6 +11,7 @@ from switchyard.common import errors
 from switchyard.preprocessor.stages.context import CHAT, COMPLETIONS
 from switchyard.preprocessor.stages.endpoints import serve
 from switchyard.preprocessor.stages.tests.fakes import (
+    MODEL,
     FakeDispatcher,
     FakeHttp,
     FakeRouter,
@@ -140,7 +141,7 @@ class TestMigration:
         assert retry.request_id == first.request_id + ".m1"
         assert router.excluded == [[], [1]]
         assert http.events()[-2]["usage"]["completion_tokens"] == 3
-        assert d.metrics.migrations.labels(errors.CANNOT_CONNECT)._value.get() == 1
+        assert d.metrics.migrations.labels(MODEL, errors.CANNOT_CONNECT)._value.get() == 1
 
     async def test_dispatcher_loss_does_not_exclude_the_engine(self, bundle):
         calls = []
