@@ -107,3 +107,27 @@ def test_stages_bench_quick(tmp_path: Path) -> None:
         parse, template, tokenize = (float(c) for c in cells[1:4])
         assert parse > 0 and template > 0 and tokenize > 0, row  # the stages were timed
     assert "| cached segments |" in table and "| full encode |" in table
+
+
+def test_operability_bench_quick(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    run_bench("operability.py", "--quick", "--out-dir", str(out))
+    table = (out / "operability.md").read_text()
+    for variant in ("off", "access text", "access json", "tracing", "json+tracing"):
+        assert f"| {variant} |" in table, table
+    result = json.loads((out / "operability.json").read_text())
+    assert result["spans_exported"] > 0  # the traced variants really exported spans
+    for name, variant in result["variants"].items():
+        assert variant["req_s"] and all(r > 0 for r in variant["req_s"]), name
+
+
+def test_startup_bench_quick(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    run_bench("startup.py", "--quick", "--out-dir", str(out))
+    results = json.loads((out / "startup.json").read_text())
+    assert set(results) == {"fleet", "router", "dispatcher", "preprocessor", "mock-engine", "up"}
+    assert set(results["router"]) == {"parse", "ready"}
+    for name, measures in results.items():
+        for measure, times in measures.items():
+            assert times["eager"] and times["lazy"], (name, measure)
+            assert min(times["eager"] + times["lazy"]) > 0, (name, measure)
