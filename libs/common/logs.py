@@ -76,6 +76,9 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
         fields = _fields(record)
+        rid = fields.get("request_id")
+        if rid is not None and len(fields) == 1 and f"request_id={rid}" in line:
+            return line  # the message says it already
         if fields:
             line += " " + " ".join(f"{k}={_text_value(v)}" for k, v in fields.items())
         return line

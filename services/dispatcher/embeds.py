@@ -60,6 +60,7 @@ async def run_embed(
             request.instance_id,
             exc.kind,
             exc.message,
+            extra={"request_id": request.request_id},
         )
         if on_error is not None:
             on_error(exc.kind)

@@ -112,7 +112,11 @@ class DispatcherService:
             try:
                 self._start(peer, message)
             except Exception as exc:  # whatever it is, the caller gets its final reply
-                log.exception("cannot start request_id=%s", message.request_id)
+                log.exception(
+                    "cannot start request_id=%s",
+                    message.request_id,
+                    extra={"request_id": message.request_id},
+                )
                 self.metrics.errors.labels(errors.ENGINE_ERROR, *self._worker(message)).inc()
                 assert self._outbox is not None
                 self._outbox.post(

@@ -56,6 +56,7 @@ async def run_generation(
             request.instance_id,
             exc.kind,
             exc.message,
+            extra={"request_id": request.request_id},
         )
         _fail(request, exc.kind, exc.message, send, on_error)
         if exc.kind in errors.INSTANCE_DOWN:
@@ -65,6 +66,7 @@ async def run_generation(
             "generation failed unexpectedly request_id=%s instance_id=%d",
             request.request_id,
             request.instance_id,
+            extra={"request_id": request.request_id},
         )
         message = f"internal error in the dispatcher: {type(exc).__name__}: {exc}"
         _fail(request, errors.ENGINE_ERROR, message, send, on_error)

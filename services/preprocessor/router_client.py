@@ -157,10 +157,16 @@ class RouterClient:
                     request.request_id,
                     timeout,
                     SUSPECT_S,
+                    extra={"request_id": request.request_id},
                 )
                 continue
             except ConnectionError as exc:  # the router died under the call
-                log.warning("route call request_id=%s: %s", request.request_id, exc)
+                log.warning(
+                    "route call request_id=%s: %s",
+                    request.request_id,
+                    exc,
+                    extra={"request_id": request.request_id},
+                )
                 continue
             if not request.dry_run:
                 self._routed_by[request.request_id] = router

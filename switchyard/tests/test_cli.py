@@ -129,3 +129,20 @@ class TestConfigPrint:
         out = run("router", env={"SWITCHYARD_ROUTER_MODE": "best"})
         assert out.returncode == 2
         assert "SWITCHYARD_ROUTER_MODE: 'best' is not one of" in out.stderr
+
+
+class TestUpHandsTheConfigToItsChildren:
+    def test_flag_and_environment(self, tmp_path: Path):
+        from switchyard.stack import Launcher
+
+        config = tmp_path / "c.yaml"
+        config.write_text("router:\n  router-mode: random\nup:\n  log-format: json\n")
+        for argv, env in (
+            (["--config", str(config)], {}),
+            ([], {"SWITCHYARD_CONFIG": str(config)}),
+        ):
+            args, resolved = cli.resolve("up", argv, environ=env)
+            assert resolved["log-format"] == "json"
+            common = Launcher(args, None, tmp_path).common  # type: ignore[arg-type]
+            assert common[common.index("--config") + 1] == str(config)
+            assert common[common.index("--log-format") + 1] == "json"

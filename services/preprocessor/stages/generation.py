@@ -284,6 +284,7 @@ class Generation:
                 reply.request_id,
                 reply.prefill_instance_id,
                 reply.instance_id,
+                extra={"request_id": reply.request_id},
             )
             return None
         return prefill, decode
@@ -368,6 +369,7 @@ class Generation:
             failure.kind,
             sum(len(c.generated) for c in left),
             failure.message,
+            extra={"request_id": self.ctx.inp.request_id},
         )
         state = self.ctx.state
         entry = state.entry
