@@ -8,6 +8,7 @@ backend, each writing its log to a file (a real write per access line):
     access json   --log-format json
     tracing       --no-access-log --otlp-endpoint (spans exported to an OTLP/gRPC collector
                   in this process, in batches)
+    tracing 10%   the same with --trace-sample-ratio 0.1
     json+tracing  both
 
 Rounds: each round runs the same closed-loop load against every variant, in a rotated order
@@ -59,6 +60,7 @@ VARIANTS: dict[str, list[str]] = {
     "access text": [],
     "access json": ["--log-format", "json"],
     "tracing": ["--no-access-log", "--otlp-endpoint", "{otlp}"],
+    "tracing 10%": ["--no-access-log", "--otlp-endpoint", "{otlp}", "--trace-sample-ratio", "0.1"],
     "json+tracing": ["--log-format", "json", "--otlp-endpoint", "{otlp}"],
 }
 

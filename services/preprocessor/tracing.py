@@ -3,7 +3,7 @@
 One trace per request, continuing the client's W3C `traceparent` when it sends a valid one:
 
     POST /v1/chat/completions           (SERVER; request id, model, status, tokens)
-      template, tokenize, ...           the prompt stages
+      template, tokenize                the prompt stages that take time
       route                             per attempt: the router's decision (worker, overlap)
       prefill_hop                       disaggregated: opening the prefill + decode legs
       dispatch                          the attempt on its engine, until it ends; its context

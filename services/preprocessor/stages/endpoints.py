@@ -86,12 +86,19 @@ PROMPT_STAGES: dict[str, tuple[Stage, ...]] = {
 }
 
 
+# The prompt stages worth a span of their own (the others take microseconds; a span costs
+# tens of microseconds of Python, and its export more: bench/operability.py).
+TRACED_STAGES = frozenset({"template", "tokenize"})
+
+
 async def run_stages(ctx: RequestContext, stages: tuple[Stage, ...]) -> None:
     timer = ctx.deps.timer
     trace = ctx.state.trace
     for stage in stages:
         t0 = time.perf_counter()
-        span = trace.span(stage.name) if trace is not None else None
+        span = None
+        if trace is not None and stage.name in TRACED_STAGES:
+            span = trace.span(stage.name)
         result = stage.run(ctx)
         if inspect.isawaitable(result):
             await result

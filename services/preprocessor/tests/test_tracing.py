@@ -115,6 +115,27 @@ class TestSpans:
         assert root.attributes["http.response.status_code"] == 404
 
 
+class TestSampling:
+    async def test_a_request_sampled_out_exports_nothing_but_still_propagates(
+        self, bundle, exporter
+    ):
+        dispatcher = FakeDispatcher(lambda req: [done(req.request_id)])
+        tracing = Tracing(SimpleSpanProcessor(exporter), sample_ratio=0.0)
+        app = Edge(no_app, deps(bundle, FakeRouter([1]), dispatcher, tracing=tracing), 1 << 20)
+        assert (await post(app, CHAT, chat_body())).status == 200
+        assert exporter.get_finished_spans() == ()
+        flags = int(dispatcher.requests[0].traceparent.rsplit("-", 1)[1], 16)
+        assert flags & 1 == 0  # not sampled, and passed on as such
+
+    async def test_the_clients_sampling_decision_wins(self, bundle, exporter):
+        dispatcher = FakeDispatcher(lambda req: [done(req.request_id)])
+        tracing = Tracing(SimpleSpanProcessor(exporter), sample_ratio=0.0)
+        app = Edge(no_app, deps(bundle, FakeRouter([1]), dispatcher, tracing=tracing), 1 << 20)
+        headers = {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"}
+        assert (await post(app, CHAT, chat_body(), headers)).status == 200
+        assert {s.context.trace_id for s in exporter.get_finished_spans()} == {int(TRACE_ID, 16)}
+
+
 def test_off_nothing_of_opentelemetry_is_loaded():
     """Tracing off costs no import (and so nothing per request beyond a None check)."""
     code = (
