@@ -104,9 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         "| command | measure | eager s | lazy s | lazy / eager |",
         "|---|---|---|---|---|",
     ]
-    for name, measures in results.items():
-        for measure, times in measures.items():
-            eager, lazy = statistics.median(times["eager"]), statistics.median(times["lazy"])
+    for name, by_measure in results.items():
+        for measure, measured in by_measure.items():
+            eager, lazy = statistics.median(measured["eager"]), statistics.median(measured["lazy"])
             lines.append(f"| {name} | {measure} | {eager:.3f} | {lazy:.3f} | {lazy / eager:.2f} |")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "startup.md").write_text("\n".join(lines) + "\n")

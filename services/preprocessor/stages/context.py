@@ -114,13 +114,12 @@ class Exchange:
     """One HTTP exchange as the edge sees it: the ids it gave the request, and what `serve`
     reports back for the access log and the metrics."""
 
-    __slots__ = ("path", "request_id", "engine_prefix", "traceparent", "ctx", "error", "trace")
+    __slots__ = ("path", "request_id", "engine_prefix", "ctx", "error", "trace")
 
     def __init__(self, path: str, request_id: str, engine_prefix: str = "") -> None:
         self.path = path
         self.request_id = request_id
         self.engine_prefix = engine_prefix
-        self.traceparent: str | None = None  # the client's W3C trace context header
         self.ctx: RequestContext | None = None  # None: the body did not parse
         self.error = ""  # the error code of a failed request (in a stream too)
         self.trace: Trace | None = None  # tracing on: the request's spans
