@@ -81,3 +81,5 @@ bench: $(STAMP)
 	$(BIN)/python bench/faults.py
 	$(BIN)/python bench/disagg.py
 	$(BIN)/python bench/hops.py
+	$(BIN)/python bench/operability.py
+	$(BIN)/python bench/startup.py

@@ -266,6 +266,11 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True, tag="generate")
     # tells it to constrain from the first token (grammar_from_first_token).
     reasoning: bool = False
     data_parallel_rank: int | None = None  # pin to this DP rank (None: the engine balances)
+    # Sent to the engine as gRPC metadata (x-request-id, traceparent) so its logs and traces
+    # join the client's request: the HTTP request id, and the W3C trace context of the
+    # preprocessor's dispatch span (None when tracing is off).
+    http_request_id: str | None = None
+    traceparent: str | None = None
 
 
 class EmbedRequest(msgspec.Struct, frozen=True, kw_only=True, tag="embed"):
@@ -274,6 +279,8 @@ class EmbedRequest(msgspec.Struct, frozen=True, kw_only=True, tag="embed"):
     request_id: str
     instance_id: int
     inputs: list[list[int]]
+    http_request_id: str | None = None  # as on GenerateRequest
+    traceparent: str | None = None
 
 
 class CancelRequest(msgspec.Struct, frozen=True, tag="cancel"):

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from switchyard.common import endpoints
-from switchyard.common.logs import setup_logging
+from switchyard.common.logs import add_logging_arguments, setup_logging
 from switchyard.common.ports import (
     PortRange,
     add_port_arguments,
@@ -35,6 +35,7 @@ from switchyard.common.ports import (
     wildcard_endpoint,
     write_ready_file,
 )
+from switchyard.router.policies import MODES
 from switchyard.supervisor import ChildSpec, Supervisor
 
 log = logging.getLogger("switchyard.up")
@@ -76,16 +77,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="engine URL grpc://host:port (repeatable), in addition to mocks",
     )
-    parser.add_argument("--workers-file", default=None)
-    parser.add_argument("--prefill", action="append", default=[])
-    parser.add_argument("--http-host", default=endpoints.HTTP_HOST)
+    parser.add_argument(
+        "--workers-file",
+        default=None,
+        metavar="PATH",
+        help="YAML or JSON list of engines for fleet (watched for edits)",
+    )
+    parser.add_argument(
+        "--prefill",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="treat this engine URL as prefill when the engine does not say (repeatable)",
+    )
+    parser.add_argument(
+        "--http-host", default=endpoints.HTTP_HOST, help="address the OpenAI API listens on"
+    )
     parser.add_argument(
         "--http-port",
         type=int,
         default=endpoints.HTTP_PORT,
         help="HTTP port of the OpenAI API (0: a free one of --port-range, logged)",
     )
-    parser.add_argument("--router-mode", default="kv")
+    parser.add_argument(
+        "--router-mode", choices=MODES, default="kv", help="the routers' policy (router --help)"
+    )
     parser.add_argument("--dispatchers", type=_count, default=1, help="dispatcher replicas")
     parser.add_argument("--routers", type=_count, default=1, help="router replicas")
     parser.add_argument(
@@ -107,10 +123,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="tokenizer folder for the preprocessor: DIR for every model, MODEL=DIR for one "
         "(repeat; default: each model's from its engines)",
     )
-    parser.add_argument("--mock-ttft-ms", type=float, default=20.0)
-    parser.add_argument("--mock-itl-ms", type=float, default=5.0)
-    parser.add_argument("--mock-speedup", type=float, default=1.0)
-    parser.add_argument("--model-name", default="deepseek-mock")
+    parser.add_argument(
+        "--mock-ttft-ms", type=float, default=20.0, help="mock engines' fixed prefill cost"
+    )
+    parser.add_argument(
+        "--mock-itl-ms", type=float, default=5.0, help="mock engines' time per decode step"
+    )
+    parser.add_argument(
+        "--mock-speedup", type=float, default=1.0, help="mock engines divide every delay by this"
+    )
+    parser.add_argument(
+        "--model-name", default="deepseek-mock", help="the model name mock engines serve"
+    )
     parser.add_argument(
         "--mock-arg",
         action="append",
@@ -135,9 +159,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics",
         action="store_true",
-        help="serve Prometheus /metrics from fleet, routers, dispatchers and each preprocessor "
-        "on free ports (logged, and in --ready-file); GET /metrics on the HTTP port answers "
-        "for whichever preprocessor takes the connection",
+        help="the default, kept for older command lines: fleet, routers, dispatchers and each "
+        "preprocessor serve Prometheus /metrics on free ports (logged, and in --ready-file); "
+        "GET /metrics on the HTTP port answers for whichever preprocessor takes the connection",
+    )
+    parser.add_argument(
+        "--no-metrics",
+        action="store_true",
+        help="serve no /metrics ports (the preprocessors' GET /metrics on the HTTP port stays)",
     )
     parser.add_argument(
         "--router-metrics-port",
@@ -152,7 +181,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=120.0,
         help="seconds each start-up stage may take to report its ports",
     )
-    parser.add_argument("--log-level", default="INFO")
+    add_logging_arguments(parser)
 
 
 def _count(text: str) -> int:
@@ -187,7 +216,9 @@ class Launcher:
         self.supervisor = supervisor
         self.folder = folder
         self.py = [sys.executable, "-m", "switchyard"]
-        self.common = ["--log-level", args.log_level]
+        self.common = ["--log-level", args.log_level, "--log-format", args.log_format]
+        if getattr(args, "config", None):  # every child reads its own section of the file
+            self.common += ["--config", str(args.config)]
         if args.port_range is not None:
             self.common += ["--port-range", str(args.port_range)]
 
@@ -217,8 +248,9 @@ class Launcher:
         return reports
 
     def _metrics(self, report: dict[str, Any] | None) -> list[str]:
-        if not self.args.metrics:
-            return []
+        if self.args.no_metrics:
+            return ["--metrics-port", "off"]
+        # Free ports: several routers or dispatchers on one host cannot share a default one.
         return ["--metrics-port", str(report["metrics_port"] if report else 0)]
 
     def start(self, http_port: int) -> Stack:
@@ -354,7 +386,7 @@ def _report(path: Path | None, stack: Stack, supervisor: Supervisor) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    setup_logging("up", args.log_level)
+    setup_logging("up", args.log_level, args.log_format)
     supervisor = Supervisor(restart=not args.no_restart)
     stopping = False
 

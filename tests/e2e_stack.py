@@ -72,7 +72,7 @@ class Stack:
 
     def engine_urls(self) -> list[str]:
         """The engines `switchyard up` announced when it became ready."""
-        for line in self.log().splitlines():
+        for line in messages(self.log()):
             if "is serving the OpenAI API" in line and "(engines: " in line:
                 return line.split("(engines: ", 1)[1].rstrip(")").split(", ")
         raise AssertionError("the stack never announced its engines")
@@ -138,10 +138,22 @@ def running_stack(*up_args: str, ready: bool = True, timeout: float = 60.0) -> I
         assert not leftovers, f"processes left running after the stack stopped: {leftovers}"
 
 
+def messages(log: str) -> Iterator[str]:
+    """The log's lines, the message alone of a JSON line (`--log-format json`)."""
+    for line in log.splitlines():
+        if line.startswith("{"):
+            try:
+                yield str(json.loads(line).get("msg", ""))
+                continue
+            except ValueError:
+                pass
+        yield line
+
+
 def _announced_base(log: str) -> str:
     """The HTTP base URL `up` logs once it holds the HTTP port."""
     marker = "the API will be on "
-    for line in log.splitlines():
+    for line in messages(log):
         if marker in line:
             return line.split(marker, 1)[1].split()[0].removesuffix("/v1")
     return ""

@@ -123,3 +123,28 @@ def test_kv_conversations_bench_tiny(tmp_path: Path) -> None:
     assert [row.split("|")[3].strip() for row in rows] == ["kv"]
     cells = [c.strip() for c in rows[0].split("|")[1:-1]]
     assert cells[3].endswith("%") and float(cells[6]) > 0, rows[0]  # hit rate, TTFT mean
+
+
+def test_operability_bench_quick(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    run_bench("operability.py", "--quick", "--out-dir", str(out))
+    table = (out / "operability.md").read_text()
+    variants = ("off", "access text", "access json", "tracing", "tracing 10%", "json+tracing")
+    for variant in variants:
+        assert f"| {variant} |" in table, table
+    result = json.loads((out / "operability.json").read_text())
+    assert result["spans_exported"] > 0  # the traced variants really exported spans
+    for name, variant in result["variants"].items():
+        assert variant["req_s"] and all(r > 0 for r in variant["req_s"]), name
+
+
+def test_startup_bench_quick(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    run_bench("startup.py", "--quick", "--out-dir", str(out))
+    results = json.loads((out / "startup.json").read_text())
+    assert set(results) == {"fleet", "router", "dispatcher", "preprocessor", "mock-engine", "up"}
+    assert set(results["router"]) == {"parse", "ready"}
+    for name, measures in results.items():
+        for measure, times in measures.items():
+            assert times["eager"] and times["lazy"], (name, measure)
+            assert min(times["eager"] + times["lazy"]) > 0, (name, measure)

@@ -218,13 +218,13 @@ class TestMetrics:
         client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4)
         text = httpx.get(stack.base_url + "/metrics").text
         assert (
-            'switchyard_preprocessor_requests_total{endpoint="chat_completions",status="200"}'
-            in text
+            "switchyard_preprocessor_requests_total"
+            f'{{endpoint="chat_completions",model="{MODEL}",status="200"}}' in text
         )
         assert "switchyard_preprocessor_time_to_first_token_seconds_count" in text
         count = next(
             float(line.split()[-1])
             for line in text.splitlines()
-            if line.startswith("switchyard_preprocessor_output_tokens_total")
+            if line.startswith(f'switchyard_preprocessor_output_tokens_total{{model="{MODEL}"}}')
         )
         assert count >= 4

@@ -1,1 +1,6 @@
-"""TODO layout."""
+"""What every service shares.
+
+Layout: instance_id, errors, instance_diff, workers, block_hash, engines/ (the engine gRPC
+adapters), messaging, fleet_client, ports, endpoints, runner, healthcheck; settings (flags,
+SWITCHYARD_<FLAG>, the --config file), logs (--log-format), metrics, loop_histogram.
+"""

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 
 from switchyard.common import endpoints
-from switchyard.common.logs import setup_logging
+from switchyard.common.logs import add_logging_arguments, setup_logging
 from switchyard.common.metrics import add_metrics_arguments, serve_metrics
 from switchyard.common.ports import add_port_arguments, write_ready_file
 from switchyard.common.runner import run_until_signal
@@ -19,8 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=endpoints.DISPATCHER,
         help="ZMQ endpoint to serve on (port 0: a free one, see --ready-file)",
     )
-    parser.add_argument("--fleet-control", default=endpoints.FLEET_CONTROL)
-    parser.add_argument("--fleet-events", default=endpoints.FLEET_EVENTS)
+    endpoints.add_fleet_arguments(parser)
     parser.add_argument(
         "--stall-timeout",
         type=float,
@@ -28,13 +27,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="an engine whose streams already produced output and that then sends nothing on "
         "any stream this long (frozen) has all its streams failed, to migrate (0: off)",
     )
-    add_metrics_arguments(parser)
+    add_metrics_arguments(parser, "dispatcher")
     add_port_arguments(parser)
-    parser.add_argument("--log-level", default="INFO")
+    add_logging_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    setup_logging("dispatcher", args.log_level)
+    logs = setup_logging("dispatcher", args.log_level, args.log_format)
 
     async def main(stop: asyncio.Event) -> None:
         service = DispatcherService(
@@ -45,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
         )
 
         def bound(endpoint: str) -> None:
+            logs.instance = endpoint
             write_ready_file(args.ready_file, {"bind": endpoint, "metrics_port": metrics_port})
 
         await service.run(stop, ports=args.port_range, on_bound=bound)

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 
 from switchyard.common import errors
-from switchyard.common.engines.base import Embedding, EngineClient
+from switchyard.common.engines.base import Embedding, EngineClient, call_metadata
 from switchyard.common.errors import EngineError
 from switchyard.protos.messages import Embeddings, EmbedRequest, GenerateFailed
 
@@ -28,10 +28,11 @@ def _sub_id(request: EmbedRequest, index: int) -> str:
 async def _embed_all(client: EngineClient, request: EmbedRequest) -> list[Embedding]:
     if not request.inputs:
         raise EngineError(errors.BAD_REQUEST, "an embed request needs at least one input")
+    metadata = call_metadata(request.http_request_id, request.traceparent)
     try:
         async with asyncio.TaskGroup() as group:
             tasks = [
-                group.create_task(client.embed(_sub_id(request, i), ids))
+                group.create_task(client.embed(_sub_id(request, i), ids, metadata=metadata))
                 for i, ids in enumerate(request.inputs)
             ]
     except* EngineError as failed:
@@ -59,6 +60,7 @@ async def run_embed(
             request.instance_id,
             exc.kind,
             exc.message,
+            extra={"request_id": request.request_id},
         )
         if on_error is not None:
             on_error(exc.kind)

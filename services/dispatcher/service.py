@@ -112,8 +112,12 @@ class DispatcherService:
             try:
                 self._start(peer, message)
             except Exception as exc:  # whatever it is, the caller gets its final reply
-                log.exception("cannot start request_id=%s", message.request_id)
-                self.metrics.errors.labels(errors.ENGINE_ERROR).inc()
+                log.exception(
+                    "cannot start request_id=%s",
+                    message.request_id,
+                    extra={"request_id": message.request_id},
+                )
+                self.metrics.errors.labels(errors.ENGINE_ERROR, *self._worker(message)).inc()
                 assert self._outbox is not None
                 self._outbox.post(
                     peer,
@@ -164,21 +168,25 @@ class DispatcherService:
                 post(peer, reply)
 
         metrics = self.metrics
-        in_flight = metrics.in_flight.labels(str(request.instance_id))
+        worker = self._worker(request)
+        in_flight = metrics.in_flight.labels(*worker)
         on_error = metrics.errors.labels
 
         def count(kind: str) -> None:
-            on_error(kind).inc()
+            on_error(kind, *worker).inc()
 
         if isinstance(request, EmbedRequest):
             job = run_embed(client, request, send, self._report_down, count)
         else:
-            job = run_generation(client, request, send, self._report_down, count)
+            ttft = metrics.engine_ttft.labels(*worker)
+            job = run_generation(
+                client, request, send, self._report_down, count, on_first_token=ttft.observe
+            )
         task = asyncio.create_task(job)
         self._tasks[key] = task
         streams = self._by_instance.setdefault(request.instance_id, set())
         streams.add(key)
-        metrics.generations.inc()
+        metrics.generations.labels(*worker).inc()
         in_flight.inc()
 
         def done(_task: asyncio.Task[None]) -> None:
@@ -191,6 +199,13 @@ class DispatcherService:
                     activity.armed = False  # ended normally: a quiet engine is not stalled
 
         task.add_done_callback(done)
+
+    def _worker(self, request: GenerateRequest | EmbedRequest) -> tuple[str, str]:
+        """The (model, worker URL) labels of the engine a request is for."""
+        instance = self.fleet.instances.get(request.instance_id)
+        if instance is None:
+            return "", f"instance:{request.instance_id}"
+        return instance.model, instance.url
 
     async def _watch_stalls(self) -> None:
         assert self.stall is not None
@@ -209,8 +224,10 @@ class DispatcherService:
             "instance_id=%d stalled: %s; failing its %d stream(s)", instance_id, message, len(keys)
         )
         self._report_down(instance_id, errors.TIMEOUT, message)
+        instance = self.fleet.instances.get(instance_id)
+        worker = (instance.model, instance.url) if instance else ("", f"instance:{instance_id}")
         for peer, request_id in keys:
-            self.metrics.errors.labels(errors.TIMEOUT).inc()
+            self.metrics.errors.labels(errors.TIMEOUT, *worker).inc()
             self._outbox.post(
                 peer,
                 GenerateFailed(

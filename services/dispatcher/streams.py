@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 from switchyard.common import errors
@@ -30,9 +31,18 @@ async def run_generation(
     send: Send,
     on_instance_down: Callable[[int, str, str], None],
     on_error: Callable[[str], None] | None = None,
+    on_first_token: Callable[[float], None] | None = None,
 ) -> None:
+    """`on_first_token(seconds)`: the engine's time to its first reply, once."""
     try:
-        async for event in client.generate(request):
+        events = client.generate(request)
+        if on_first_token is not None:
+            started = time.perf_counter()
+            async for event in events:
+                on_first_token(time.perf_counter() - started)
+                send(event)
+                break
+        async for event in events:
             send(event)
     except asyncio.CancelledError:
         # The caller went away: tell the engine to drop the request, without waiting on it.
@@ -46,6 +56,7 @@ async def run_generation(
             request.instance_id,
             exc.kind,
             exc.message,
+            extra={"request_id": request.request_id},
         )
         _fail(request, exc.kind, exc.message, send, on_error)
         if exc.kind in errors.INSTANCE_DOWN:
@@ -55,6 +66,7 @@ async def run_generation(
             "generation failed unexpectedly request_id=%s instance_id=%d",
             request.request_id,
             request.instance_id,
+            extra={"request_id": request.request_id},
         )
         message = f"internal error in the dispatcher: {type(exc).__name__}: {exc}"
         _fail(request, errors.ENGINE_ERROR, message, send, on_error)

@@ -6,13 +6,14 @@ import argparse
 import asyncio
 import logging
 import signal
+import sys
 from pathlib import Path
 
 import uvloop
 import zmq
 
 from switchyard.common import endpoints
-from switchyard.common.logs import setup_logging
+from switchyard.common.logs import LogContext, add_logging_arguments, setup_logging
 from switchyard.common.metrics import add_metrics_arguments, serve_metrics
 from switchyard.common.ports import add_port_arguments, write_ready_file
 from switchyard.common.workers import WorkerSpec, parse_worker
@@ -93,22 +94,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="give up on a probe after this long (default 2)",
     )
     k8s_cli.add_arguments(parser)
-    add_metrics_arguments(parser)
+    add_metrics_arguments(parser, "fleet")
     add_port_arguments(parser)
-    parser.add_argument(
-        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper
-    )
+    add_logging_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    setup_logging("fleet", args.log_level)
+    logs = setup_logging("fleet", args.log_level, args.log_format)
     if not args.worker and args.workers_file is None and not args.k8s_selector:
         log.error("give at least one --worker, a --workers-file or a --k8s-selector")
         return 2
-    return uvloop.run(_serve(args))
+    return uvloop.run(_serve(args, logs))
 
 
-async def _serve(args: argparse.Namespace) -> int:
+async def _serve(args: argparse.Namespace, logs: LogContext | None = None) -> int:
     try:
         pods = k8s_cli.pod_source(args)
     except ValueError as exc:
@@ -132,6 +131,8 @@ async def _serve(args: argparse.Namespace) -> int:
     except (ValueError, OSError, zmq.ZMQError) as exc:
         log.error("fleet cannot start: %s", exc)
         return 2
+    if logs is not None:
+        logs.instance = service.control_endpoint
     write_ready_file(
         args.ready_file,
         {
@@ -155,9 +156,7 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="switchyard fleet",
-        description="Probe the engine URL list and publish the routable instance set.",
-    )
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    """`python -m switchyard.fleet`: the same as `switchyard fleet` (config file and env too)."""
+    from switchyard.cli import main as switchyard_main
+
+    return switchyard_main(["fleet", *(sys.argv[1:] if argv is None else argv)])

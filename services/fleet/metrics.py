@@ -1,5 +1,6 @@
-"""Fleet's Prometheus metrics (served on --metrics-port): probes by outcome, and instances by
-role and state, read from the registry at scrape time."""
+"""Fleet's Prometheus metrics (served on --metrics-port, default 7190): probes by outcome,
+instances by role and state, and each configured engine's state, read from the registry at
+scrape time."""
 
 from __future__ import annotations
 
@@ -11,10 +12,25 @@ from prometheus_client.registry import Collector
 
 
 class _InstancesCollector(Collector):
-    def __init__(self, states: Callable[[], list[tuple[str, str]]]) -> None:
+    def __init__(
+        self,
+        states: Callable[[], list[tuple[str, str]]],
+        workers: Callable[[], list[tuple[str, str, str]]] | None,
+    ) -> None:
         self._states = states
+        self._workers = workers
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        if self._workers is not None:
+            routable = GaugeMetricFamily(
+                "switchyard_fleet_worker_routable",
+                "1 when the configured engine is routable, else 0 (state: routable, down, "
+                "recovering, unprobed)",
+                labels=["model", "worker", "state"],
+            )
+            for url, model, state in self._workers():
+                routable.add_metric([model, url, state], 1.0 if state == "routable" else 0.0)
+            yield routable
         family = GaugeMetricFamily(
             "switchyard_fleet_instances", "configured engines", labels=["role", "state"]
         )
@@ -27,7 +43,11 @@ class _InstancesCollector(Collector):
 
 
 class FleetMetrics:
-    def __init__(self, states: Callable[[], list[tuple[str, str]]]) -> None:
+    def __init__(
+        self,
+        states: Callable[[], list[tuple[str, str]]],
+        workers: Callable[[], list[tuple[str, str, str]]] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry()
         self.probes = Counter(
             "switchyard_fleet_probes",
@@ -35,4 +55,4 @@ class FleetMetrics:
             ["outcome"],
             registry=self.registry,
         )
-        self.registry.register(_InstancesCollector(states))
+        self.registry.register(_InstancesCollector(states, workers))

@@ -148,6 +148,17 @@ class Registry:
                 out.append(("unknown", "unprobed"))
         return out
 
+    def worker_states(self) -> list[tuple[str, str, str]]:
+        """(url, model, state) of every configured worker (states as in `states`; model as
+        the engine last reported it, "" before a probe answered)."""
+        states = self.states()
+        out = []
+        for spec, (_, state) in zip(self.specs, states, strict=True):
+            info = self._info.get(spec.instance_id)
+            model = spec.model or (info.model if info is not None else "")
+            out.append((spec.url, model, state))
+        return out
+
     def recovering(self) -> bool:
         """Some instance is down or being re-admitted (probe it soon, not in a full cycle)."""
         return bool(self._down or self._streak)

@@ -90,7 +90,7 @@ class FleetService:
         self._context = context
         self._own_context = context is None
         self._registry = Registry(readmit_after=readmit_after)
-        self.metrics = FleetMetrics(self._registry.states)
+        self.metrics = FleetMetrics(self._registry.states, self._registry.worker_states)
         # While an instance is down or being re-admitted, probe rounds come this often
         # (but never more often than the normal interval asks).
         self._recovery_interval = min(recovery_interval, probe_interval)

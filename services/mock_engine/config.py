@@ -149,6 +149,9 @@ class MockEngineConfig:
     embedding_dim: int = DEFAULT_EMBEDDING_DIM
     max_logprobs: int = DEFAULT_MAX_LOGPROBS  # vLLM: more logprobs than this are refused
     script_path: Path | None = None  # scripted output (see script.py)
+    # Log each Generate/Embed call's request id and its x-request-id / traceparent metadata
+    # at INFO (SGLang's --log-requests logs each request too).
+    log_requests: bool = False
     _script: Script | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -24,6 +25,8 @@ from switchyard.mock_engine.structured import FixedPlan, TextPlan, compile_const
 from switchyard.mock_engine.tokenizer_bundle import TokenizerBundle, bundle_slices
 from switchyard.mock_engine.tokenizer_facts import TokenizerFacts
 from switchyard.mock_engine.types import GenerationRequest, OutputPlan, SamplingSpec
+
+logger = logging.getLogger(__name__)
 
 # (kind, value, choices) of a request's constraint, as structured.compile_constraint takes it
 ConstraintSpec = tuple[str, str, Sequence[str]]
@@ -96,6 +99,25 @@ _REFUSALS = {
         "mock engine: injected fault (--fail-overloaded): engine overloaded, retry later",
     ),
 }
+
+
+_JOINED_KEYS = ("x-request-id", "traceparent")
+
+
+def log_request(
+    deps: ServicerDeps, rpc: str, request_id: str, context: grpc.aio.ServicerContext
+) -> None:
+    """--log-requests: the call's request id and the metadata that joins it to the client."""
+    if not deps.config.log_requests:
+        return
+    metadata = {k: v for k, v in (context.invocation_metadata() or ()) if k in _JOINED_KEYS}
+    logger.info(
+        "%s request_id=%s x-request-id=%s traceparent=%s",
+        rpc,
+        request_id,
+        metadata.get("x-request-id", "-"),
+        metadata.get("traceparent", "-"),
+    )
 
 
 async def refuse_if_faulted(deps: ServicerDeps, context: grpc.aio.ServicerContext) -> None:

@@ -65,6 +65,7 @@ from switchyard.mock_engine.deps import (
     NOT_GENERATION,
     ConstraintSpec,
     ServicerDeps,
+    log_request,
     refuse_if_faulted,
 )
 from switchyard.mock_engine.errors import KvTransferFailed, RequestRejected
@@ -172,6 +173,7 @@ class SglangServicer(CommonRpcs, pb_grpc.SglangSchedulerServicer):
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
         request_id = request.request_id or self.engine.new_request_id()
+        log_request(self.deps, "Generate", request_id, context)
         await refuse_if_faulted(self.deps, context)
         if self.deps.config.embedding:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, NOT_GENERATION)
@@ -352,6 +354,7 @@ class SglangServicer(CommonRpcs, pb_grpc.SglangSchedulerServicer):
                 grpc.StatusCode.INVALID_ARGUMENT, "Tokenized input must be provided"
             )
         request_id = request.request_id or self.engine.new_request_id()
+        log_request(self.deps, "Embed", request_id, context)
         prompt = tuple(request.tokenized.input_ids)
         try:
             vector = await self.deps.embed(request_id, prompt)

@@ -71,6 +71,7 @@ from switchyard.mock_engine.deps import (
     NOT_GENERATION,
     ConstraintSpec,
     ServicerDeps,
+    log_request,
     refuse_if_faulted,
 )
 from switchyard.mock_engine.errors import KvTransferFailed, RequestRejected
@@ -217,6 +218,7 @@ class VllmServicer(CommonRpcs, pb_grpc.VllmEngineServicer):
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
         request_id = request.request_id or self.engine.new_request_id()
+        log_request(self.deps, "Generate", request_id, context)
         await refuse_if_faulted(self.deps, context)
         config = self.deps.config
         if config.embedding:
@@ -397,6 +399,7 @@ class VllmServicer(CommonRpcs, pb_grpc.VllmEngineServicer):
                 grpc.StatusCode.INVALID_ARGUMENT, "EmbedRequest requires tokenized input"
             )
         request_id = request.request_id or self.engine.new_request_id()
+        log_request(self.deps, "Embed", request_id, context)
         prompt = tuple(request.tokenized.input_ids)
         try:
             vector = await self.deps.embed(request_id, prompt)

@@ -4,6 +4,7 @@ Layout: edge (generation endpoints as ASGI) and app (the other routes); openai_s
 openai_requests (body -> request types), responses_schema and responses_requests (the
 Responses API's); stages/ (the request path, see its docstring); chat_template, tokenizer,
 prompt_encoder, detokenizer, stop_strings, sse (response bytes); router_client,
-dispatcher_client, reply_queue, prefill_hop; parsers/ (tool calls, reasoning); state,
-catalog, metrics, cli.
+dispatcher_client, reply_queue, prefill_hop; parsers/ (tool calls, reasoning); request_ids
+(X-Request-Id), access_log (one line per request), tracing (OpenTelemetry, imported only when
+on); state, catalog, metrics, cli.
 """

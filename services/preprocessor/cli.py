@@ -8,7 +8,7 @@ from collections.abc import Callable
 import uvicorn
 
 from switchyard.common import endpoints
-from switchyard.common.logs import setup_logging
+from switchyard.common.logs import add_logging_arguments, setup_logging
 from switchyard.common.metrics import add_metrics_arguments, serve_metrics
 from switchyard.common.ports import add_port_arguments, bind_tcp, write_ready_file
 from switchyard.preprocessor.app import create_app
@@ -20,7 +20,9 @@ from switchyard.preprocessor.tokenizer_source import parse_tokenizer_flags
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default=endpoints.HTTP_HOST)
+    parser.add_argument(
+        "--host", default=endpoints.HTTP_HOST, help="address the HTTP API listens on"
+    )
     parser.add_argument(
         "--port",
         type=int,
@@ -37,10 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dispatcher",
         action="append",
         default=None,
-        help="dispatcher ZMQ endpoint (repeat for replicas)",
+        help=f"dispatcher ZMQ endpoint (repeat for replicas; default {endpoints.DISPATCHER})",
     )
-    parser.add_argument("--fleet-control", default=endpoints.FLEET_CONTROL)
-    parser.add_argument("--fleet-events", default=endpoints.FLEET_EVENTS)
+    endpoints.add_fleet_arguments(parser)
     parser.add_argument(
         "--tokenizer",
         action="append",
@@ -67,7 +68,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how a model's reasoning is split from its answer: deepseek_r1, deepseek_v31, "
         "qwen3, kimi_k2, none; MODEL=NAME for one model (repeat); default: guessed",
     )
-    parser.add_argument("--route-timeout", type=float, default=5.0)
+    parser.add_argument(
+        "--route-timeout",
+        type=float,
+        default=5.0,
+        help="seconds to wait for a router's answer before trying the next router (or the "
+        "local round-robin fallback)",
+    )
     parser.add_argument(
         "--stream-idle-timeout",
         type=float,
@@ -88,7 +95,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=30.0,
         help="seconds a stream waits for a dispatcher when none is connected (one restarting)",
     )
-    parser.add_argument("--migration-limit", type=int, default=3)
+    parser.add_argument(
+        "--migration-limit",
+        type=int,
+        default=3,
+        help="how many times one request may move to another engine after a fault",
+    )
     parser.add_argument(
         "--tokenize-offload-chars",
         type=int,
@@ -117,18 +129,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(the kernel spreads connections over them); listens once ready (at most 60 s on)",
     )
     parser.add_argument(
+        "--no-access-log",
+        action="store_true",
+        help="write no access line per request (logger switchyard.access, INFO)",
+    )
+    parser.add_argument(
+        "--otlp-endpoint",
+        default=None,
+        metavar="URL",
+        help="turn tracing on: export OpenTelemetry spans over OTLP/gRPC to this collector, "
+        "e.g. http://127.0.0.1:4317 (http: plaintext); default: off",
+    )
+    parser.add_argument(
+        "--trace-sample-ratio",
+        type=float,
+        default=1.0,
+        help="with tracing on, the share of requests traced when the client's traceparent "
+        "does not decide",
+    )
+    parser.add_argument(
         "--stage-timing",
         action="store_true",
         help="benchmark mode: time every request stage into "
         "switchyard_preprocessor_stage_seconds{stage}",
     )
-    add_metrics_arguments(parser)  # /metrics is also served on the HTTP port
+    add_metrics_arguments(parser, "preprocessor")  # /metrics is also served on the HTTP port
     add_port_arguments(parser)
-    parser.add_argument("--log-level", default="INFO")
+    add_logging_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    setup_logging("preprocessor", args.log_level)
+    logs = setup_logging("preprocessor", args.log_level, args.log_format)
     try:
         default_dir, per_model = parse_tokenizer_flags(args.tokenizer)
     except ValueError as exc:
@@ -141,30 +172,47 @@ def run(args: argparse.Namespace) -> int:
         reasoning_parsers = _parser_flags(args.reasoning_parser, reasoning_format)
     except ValueError as exc:
         raise SystemExit(f"preprocessor: {exc}") from None
-    config = PreprocessorConfig(
-        tool_parsers=tool_parsers,
-        reasoning_parsers=reasoning_parsers,
-        routers=args.router or [endpoints.ROUTER],
-        dispatchers=args.dispatcher or [endpoints.DISPATCHER],
-        fleet_control=args.fleet_control,
-        fleet_events=args.fleet_events,
-        tokenizer_dir=default_dir,
-        tokenizer_dirs=per_model,
-        route_timeout=args.route_timeout,
-        stream_idle_timeout=args.stream_idle_timeout,
-        stream_gap_timeout=args.stream_gap_timeout,
-        stage_timing=args.stage_timing,
-        dispatcher_wait=args.dispatcher_wait,
-        migration_limit=args.migration_limit,
-        tokenize_offload_chars=args.tokenize_offload_chars,
-        # Sharing the port: listen once ready, so the kernel picks only ready processes.
-        listen_when_ready_s=READY_WAIT_S if args.reuse_port else 0.0,
-    )
+    # Bound first (uvicorn listens on it once the app started): port 0 is searched in
+    # --port-range and reported, so no other process ever picks the number for us; and the
+    # URL names this process in its logs and traces.
+    try:
+        sock = bind_tcp(args.host, args.port, args.port_range, reuse_port=args.reuse_port)
+    except OSError as exc:
+        raise SystemExit(f"preprocessor: cannot bind {args.host}:{args.port}: {exc}") from None
+    sock.set_inheritable(True)
+    port = int(sock.getsockname()[1])
+    logs.instance = instance = f"http://{args.host}:{port}"
+    try:
+        config = PreprocessorConfig(
+            tool_parsers=tool_parsers,
+            reasoning_parsers=reasoning_parsers,
+            routers=args.router or [endpoints.ROUTER],
+            dispatchers=args.dispatcher or [endpoints.DISPATCHER],
+            fleet_control=args.fleet_control,
+            fleet_events=args.fleet_events,
+            tokenizer_dir=default_dir,
+            tokenizer_dirs=per_model,
+            route_timeout=args.route_timeout,
+            stream_idle_timeout=args.stream_idle_timeout,
+            stream_gap_timeout=args.stream_gap_timeout,
+            stage_timing=args.stage_timing,
+            dispatcher_wait=args.dispatcher_wait,
+            migration_limit=args.migration_limit,
+            tokenize_offload_chars=args.tokenize_offload_chars,
+            # Sharing the port: listen once ready, so the kernel picks only ready processes.
+            listen_when_ready_s=READY_WAIT_S if args.reuse_port else 0.0,
+            access_log=not args.no_access_log,
+            otlp_endpoint=args.otlp_endpoint,
+            trace_sample_ratio=args.trace_sample_ratio,
+            instance=instance,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"preprocessor: {exc}") from None
     state = PreprocessorState(config)
     metrics_port = serve_metrics(
         state.metrics.registry, args.metrics_host, args.metrics_port, args.port_range
     )
-    app = Edge(create_app(state), state.deps, args.max_body_bytes)
+    app = Edge(create_app(state), state.deps, args.max_body_bytes, state.access_log)
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -178,14 +226,6 @@ def run(args: argparse.Namespace) -> int:
             timeout_keep_alive=args.keep_alive_timeout,
         )
     )
-    # Bound here (uvicorn listens on it once the app started): port 0 is searched in
-    # --port-range and reported, so no other process ever picks the number for us.
-    try:
-        sock = bind_tcp(args.host, args.port, args.port_range, reuse_port=args.reuse_port)
-    except OSError as exc:
-        raise SystemExit(f"preprocessor: cannot bind {args.host}:{args.port}: {exc}") from None
-    sock.set_inheritable(True)
-    port = int(sock.getsockname()[1])
     write_ready_file(args.ready_file, {"port": port, "metrics_port": metrics_port})
     server.run(sockets=[sock])
     return 0

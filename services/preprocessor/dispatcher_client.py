@@ -106,6 +106,10 @@ class DispatcherClient:
         for replica in self._replicas:
             replica.start()
 
+    def connected(self) -> bool:
+        """Some replica is connected now."""
+        return any(r.connected for r in self._replicas)
+
     async def wait_connected(self, timeout: float) -> bool:
         """True once any replica is connected (at once when one is); False after `timeout`."""
         if any(r.connected for r in self._replicas):

@@ -19,6 +19,8 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from switchyard.preprocessor import request_ids
+from switchyard.preprocessor.access_log import CLIENT_GONE, AccessLog, request_fields
 from switchyard.preprocessor.errors import INVALID_REQUEST, RequestError
 from switchyard.preprocessor.stages.context import (
     CHAT,
@@ -27,8 +29,9 @@ from switchyard.preprocessor.stages.context import (
     RESPONSES,
     SESSION_HEADER,
     Deps,
+    Exchange,
 )
-from switchyard.preprocessor.stages.endpoints import serve
+from switchyard.preprocessor.stages.endpoints import ID_PREFIX, serve
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +52,6 @@ STREAM_HEADERS = [
 ]
 JSON_HEADERS = [(b"content-type", b"application/json")]
 _SESSION = SESSION_HEADER.encode()
-CLIENT_GONE = 499  # the status counted for a request whose client went away
 
 
 class ClientGone(Exception):
@@ -57,16 +59,19 @@ class ClientGone(Exception):
 
 
 class AsgiOut:
-    """The response half of one ASGI exchange (stages.sinks.HttpOut)."""
+    """The response half of one ASGI exchange (stages.sinks.HttpOut); every response carries
+    the request's X-Request-Id."""
 
-    __slots__ = ("_send", "done")
+    __slots__ = ("_send", "_id", "done")
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, request_id: str) -> None:
         self._send = send
+        self._id = (b"x-request-id", request_id.encode("latin-1"))
         self.done = False  # the last message went out: a disconnect now is the normal end
 
     async def start_stream(self) -> None:
-        await self._send({"type": "http.response.start", "status": 200, "headers": STREAM_HEADERS})
+        headers = [*STREAM_HEADERS, self._id]
+        await self._send({"type": "http.response.start", "status": 200, "headers": headers})
 
     async def write(self, data: bytes) -> None:
         await self._send({"type": "http.response.body", "body": data, "more_body": True})
@@ -77,43 +82,56 @@ class AsgiOut:
 
     async def respond(self, status: int, body: bytes) -> None:
         self.done = True
-        headers = JSON_HEADERS + [(b"content-length", str(len(body)).encode())]
+        headers = [*JSON_HEADERS, (b"content-length", str(len(body)).encode()), self._id]
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 class Edge:
-    def __init__(self, app: FastAPI, deps: Deps | None, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        app: FastAPI,
+        deps: Deps | None,
+        max_body_bytes: int,
+        access_log: AccessLog | None = None,
+    ) -> None:
         self.app = app
         self.deps = deps
         self.max_body_bytes = max_body_bytes
+        self.access_log = access_log  # None: --no-access-log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             endpoint = GENERATION_PATHS.get(scope["path"])
             if endpoint is not None:
-                await self._generate(endpoint, _header(scope, _SESSION), receive, send)
+                await self._generate(endpoint, scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
-    async def _generate(
-        self, endpoint: str, session_id: str | None, receive: Receive, send: Send
-    ) -> None:
+    async def _generate(self, endpoint: str, scope: Scope, receive: Receive, send: Send) -> None:
         received = time.perf_counter()
-        http = AsgiOut(send)
-        try:
-            body = await self._body(receive)
-        except ClientGone:
-            return
-        except RequestError as exc:
-            await http.respond(exc.status, exc.body())
-            return
         deps = self.deps
         assert deps is not None
-        status = await _until_client_leaves(
-            serve(deps, endpoint, body, received, http, session_id), receive, http
-        )
-        deps.metrics.requests.labels(endpoint, str(status)).inc()
+        exchange, refused = _exchange(endpoint, scope, deps)
+        http = AsgiOut(send, exchange.request_id)
+        status = CLIENT_GONE
+        try:
+            if refused is not None:
+                raise refused
+            body = await self._body(receive)
+            status = await _until_client_leaves(
+                serve(deps, endpoint, body, received, http, exchange), receive, http
+            )
+        except ClientGone:
+            pass
+        except RequestError as exc:
+            exchange.error = exc.code
+            status = exc.status
+            await http.respond(exc.status, exc.body())
+        finally:
+            _account(deps, endpoint, exchange, status)
+            if self.access_log is not None:
+                self.access_log.write("POST", exchange, status)
 
     async def _body(self, receive: Receive) -> bytes:
         parts: list[bytes] = []
@@ -136,12 +154,47 @@ class Edge:
                 return b"".join(parts)
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
-    """A request header's value (ASGI names are lowercase bytes), None when absent."""
-    for key, value in scope["headers"]:
-        if key == name:
-            return bytes(value).decode("latin-1")
-    return None
+def _exchange(endpoint: str, scope: Scope, deps: Deps) -> tuple[Exchange, RequestError | None]:
+    """The request's ids (X-Request-Id or minted) and trace; the error of a bad header."""
+    header = traceparent = session = None
+    for name, value in scope["headers"]:
+        if name == request_ids.HEADER:
+            header = value
+        elif name == b"traceparent":
+            traceparent = value
+        elif name == _SESSION:
+            session = value
+    refused: RequestError | None = None
+    exchange: Exchange | None = None
+    if header is not None:
+        try:
+            exchange = Exchange(scope["path"], *request_ids.from_header(header))
+        except RequestError as exc:
+            refused = exc
+    if exchange is None:
+        exchange = Exchange(scope["path"], request_ids.mint(ID_PREFIX[endpoint]))
+    if session:
+        exchange.session_id = bytes(session).decode("latin-1")
+    if deps.tracing is not None:
+        carrier = {"traceparent": traceparent.decode("latin-1")} if traceparent else {}
+        exchange.trace = deps.tracing.start(
+            f"POST {scope['path']}", carrier, {"switchyard.request_id": exchange.request_id}
+        )
+    return exchange, refused
+
+
+def _account(deps: Deps, endpoint: str, exchange: Exchange, status: int) -> None:
+    """Count the request (by model) and end its trace."""
+    ctx = exchange.ctx
+    model = ctx.state.entry.name if ctx is not None and ctx.state.entry is not None else ""
+    metrics = deps.metrics
+    metrics.requests.labels(endpoint, model, str(status)).inc()
+    if exchange.error:
+        metrics.errors.labels(model, exchange.error).inc()
+    if exchange.trace is not None:
+        fields = request_fields(exchange, status, deps.instances(), time.perf_counter())
+        attributes = {f"switchyard.{k}": v for k, v in fields.items() if v is not None}
+        exchange.trace.end(status, exchange.error, attributes)
 
 
 async def _until_client_leaves(answer: Any, receive: Receive, http: AsgiOut) -> int:

@@ -1,11 +1,21 @@
 """The preprocessor's Prometheus metrics, served on its HTTP port at GET /metrics.
 
+Label sets are fixed (README's metrics table): `model` is a model some engine serves (""
+for a request that named none: an unknown model or a body that did not parse), `endpoint`
+one of the API's routes, `status` an HTTP status, `code` one of the stable error codes,
+`kind` one of the engine fault kinds, `outcome` one of PREDICTION_OUTCOMES. Nothing takes a
+value from the client unchecked, so the series stay bounded.
+
 Latency histograms are LoopHistograms (no lock per observation): the inter-token latency is
-observed per token-delta batch on the per-token path; everything else once per request, in
-the `finish` stage. `stage_seconds` is filled only with --stage-timing (a benchmark mode).
+observed per token-delta batch on the per-token path (the request's series is looked up once
+per request); everything else once per request, in the `finish` stage. `stage_seconds` is
+filled only with --stage-timing (a benchmark mode).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -16,49 +26,83 @@ _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
 _DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _STAGE_BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1)
 
+# The router's KV prediction against what the engine reported cached: within a block
+# ("exact"), more predicted than cached ("over": the index was stale or optimistic), less
+# ("under": the engine had more than the index knew).
+PREDICTION_OUTCOMES = ("exact", "over", "under")
+
 
 class PreprocessorMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
             "switchyard_preprocessor_requests",
-            "HTTP requests served",
-            ["endpoint", "status"],
+            "API requests answered, by endpoint, model and HTTP status (499: the client left)",
+            ["endpoint", "model", "status"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "switchyard_preprocessor_errors",
+            "failed requests by error code (in a stream too)",
+            ["model", "code"],
             registry=r,
         )
         self.ttft = LoopHistogram(
             "switchyard_preprocessor_time_to_first_token_seconds",
             "time from request to first token",
             _TTFT_BUCKETS,
+            ["model"],
             registry=r,
         )
         self.itl = LoopHistogram(
             "switchyard_preprocessor_inter_token_latency_seconds",
             "time between token deltas",
             _ITL_BUCKETS,
+            ["model"],
             registry=r,
         )
         self.duration = LoopHistogram(
             "switchyard_preprocessor_request_duration_seconds",
             "time from request to last token",
             _DURATION_BUCKETS,
+            ["model"],
             registry=r,
         )
         self.input_tokens = Counter(
-            "switchyard_preprocessor_input_tokens", "prompt tokens", registry=r
+            "switchyard_preprocessor_input_tokens", "prompt tokens", ["model"], registry=r
         )
         self.output_tokens = Counter(
-            "switchyard_preprocessor_output_tokens", "generated tokens", registry=r
+            "switchyard_preprocessor_output_tokens", "generated tokens", ["model"], registry=r
         )
         self.cached_tokens = Counter(
             "switchyard_preprocessor_cached_tokens",
-            "prompt tokens the engines found cached",
+            "prompt tokens the engines reported cached",
+            ["model"],
+            registry=r,
+        )
+        self.predicted_cached_tokens = Counter(
+            "switchyard_preprocessor_predicted_cached_tokens",
+            "prompt tokens the KV router predicted cached on the worker it chose",
+            ["model"],
+            registry=r,
+        )
+        self.routed_prompt_tokens = Counter(
+            "switchyard_preprocessor_kv_routed_prompt_tokens",
+            "prompt tokens of the generations the KV router placed (the two above's base)",
+            ["model"],
+            registry=r,
+        )
+        self.predictions = Counter(
+            "switchyard_preprocessor_route_predictions",
+            "KV routing decisions by how the predicted cached prefix compared with the "
+            "engine's report (exact: within one block)",
+            ["model", "outcome"],
             registry=r,
         )
         self.migrations = Counter(
             "switchyard_preprocessor_migrations",
             "requests resent to another engine after a fault",
-            ["kind"],
+            ["model", "kind"],
             registry=r,
         )
         self.router_fallback = Counter(
@@ -82,3 +126,25 @@ class PreprocessorMetrics:
             ["stage"],
             registry=r,
         )
+
+    def finished(
+        self,
+        model: str,
+        duration: float,
+        usage: Any,
+        predictions: Sequence[tuple[int, int, int, int]] = (),
+    ) -> None:
+        """A request answered in full: its latency, its tokens, and for each generation the
+        KV router placed, (predicted, reported cached tokens, block size, prompt tokens)."""
+        self.duration.labels(model).observe(duration)
+        self.input_tokens.labels(model).inc(usage.prompt_tokens)
+        self.output_tokens.labels(model).inc(usage.completion_tokens)
+        self.cached_tokens.labels(model).inc(usage.cached_tokens)
+        for predicted, reported, block_size, prompt in predictions:
+            self.predicted_cached_tokens.labels(model).inc(predicted)
+            self.routed_prompt_tokens.labels(model).inc(prompt)
+            if abs(predicted - reported) < block_size:
+                outcome = "exact"
+            else:
+                outcome = "over" if predicted > reported else "under"
+            self.predictions.labels(model, outcome).inc()

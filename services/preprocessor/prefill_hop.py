@@ -132,6 +132,7 @@ class HopStream:
             self.request.request_id,
             self.prefill.instance_id,
             message,
+            extra={"request_id": self.request.request_id},
         )
         if kind not in errors.MIGRATABLE:
             kind = errors.DISCONNECTED
@@ -176,6 +177,7 @@ class HopStream:
             self.request.request_id,
             self.prefill.instance_id,
             exc_info=exc,
+            extra={"request_id": self.request.request_id},
         )
         if self.on_internal_error is not None:
             self.on_internal_error("prefill_hop")

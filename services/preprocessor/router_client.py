@@ -27,6 +27,7 @@ from switchyard.common.messaging import RequestReplyClient
 from switchyard.protos import codec
 from switchyard.protos.codec import encode
 from switchyard.protos.messages import (
+    ROLE_PREFILL,
     Instance,
     InstanceBusy,
     RouteProgress,
@@ -42,6 +43,7 @@ from switchyard.router.types import EngineLoad, PluginDeps, RouteContext, Router
 log = logging.getLogger(__name__)
 
 FALLBACK_POLICY = "local_round_robin"
+KV_POLICY = "kv"  # the router's KV-aware policy: its replies predict the cached prefix
 SUSPECT_S = 5.0
 
 
@@ -94,6 +96,14 @@ class LocalFallback:
         self._picker = RoundRobin()
         self._time = deps.time
 
+    def can_route(self, model: str) -> bool:
+        """Some instance could take a request for `model` (readiness: model, role, and no
+        prefill hop needed, as the filters demand; their load checks are left to the call)."""
+        return any(
+            i.model == model and i.role != ROLE_PREFILL and i.local_prefill
+            for i in self._instances().values()
+        )
+
     def route(self, request: RouteRequest) -> RouteResponse:
         workers = [Worker(i, 0, RouterLoad(), EngineLoad()) for i in self._instances().values()]
         ctx = RouteContext(request, time.monotonic(), self._time)
@@ -135,6 +145,11 @@ class RouterClient:
     async def wait_connected(self, timeout: float) -> bool:
         return any([await r.wait_connected(timeout) for r in self._routers])
 
+    def connected(self) -> bool:
+        """Some router is connected and not suspect (it answered its last call in time)."""
+        now = time.monotonic()
+        return any(r.connected and r.suspect_until <= now for r in self._routers)
+
     def _connected(self) -> list[_Router]:
         first = next(self._turn)
         ordered = self._routers[first:] + self._routers[:first]
@@ -153,10 +168,16 @@ class RouterClient:
                     request.request_id,
                     timeout,
                     SUSPECT_S,
+                    extra={"request_id": request.request_id},
                 )
                 continue
             except ConnectionError as exc:  # the router died under the call
-                log.warning("route call request_id=%s: %s", request.request_id, exc)
+                log.warning(
+                    "route call request_id=%s: %s",
+                    request.request_id,
+                    exc,
+                    extra={"request_id": request.request_id},
+                )
                 continue
             if not request.dry_run:
                 self._routed_by[request.request_id] = router

@@ -9,10 +9,12 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 
 from switchyard.common.fleet_client import FleetClient
+from switchyard.preprocessor.access_log import AccessLog
 from switchyard.preprocessor.catalog import ModelEntry, build_catalog
 from switchyard.preprocessor.dispatcher_client import DispatcherClient
 from switchyard.preprocessor.metrics import PreprocessorMetrics
@@ -22,6 +24,9 @@ from switchyard.preprocessor.stages.context import Deps, Limits
 from switchyard.preprocessor.stages.timing import StageTimer
 from switchyard.preprocessor.tokenizer import OFFLOAD_CHARS, TokenizerBundle
 from switchyard.preprocessor.tokenizer_source import ModelTokenizers
+
+if TYPE_CHECKING:
+    from switchyard.preprocessor.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +51,10 @@ class PreprocessorConfig:
     tokenize_offload_chars: int = OFFLOAD_CHARS
     listen_when_ready_s: float = 0.0  # >0: start listening once ready (or after this long)
     stage_timing: bool = False
+    access_log: bool = True  # one INFO line per API request (switchyard.access)
+    otlp_endpoint: str | None = None  # tracing: OTLP/gRPC collector; None: tracing off
+    trace_sample_ratio: float = 1.0  # of the traces that start here (a client's flag wins)
+    instance: str = ""  # this process's URL (logs, trace resource)
 
     def __post_init__(self) -> None:
         if not self.dispatchers or not self.routers:
@@ -58,6 +67,8 @@ class PreprocessorConfig:
             raise ValueError("--migration-limit must be >= 0")
         if self.tokenize_offload_chars < 0:
             raise ValueError("--tokenize-offload-chars must be >= 0")
+        if not 0.0 <= self.trace_sample_ratio <= 1.0:
+            raise ValueError("--trace-sample-ratio must be within [0, 1]")
 
 
 @dataclass
@@ -91,7 +102,17 @@ class PreprocessorState:
                 offload_chars=cfg.tokenize_offload_chars,
             ),
             timer=StageTimer(self.metrics.stage_seconds) if cfg.stage_timing else None,
+            tracing=self._tracing(),
         )
+        self.access_log = AccessLog(lambda: self.fleet.instances) if cfg.access_log else None
+
+    def _tracing(self) -> Tracing | None:
+        cfg = self.config
+        if cfg.otlp_endpoint is None:
+            return None  # OpenTelemetry is not even imported
+        from switchyard.preprocessor.tracing import Tracing
+
+        return Tracing.otlp(cfg.otlp_endpoint, cfg.trace_sample_ratio, cfg.instance)
 
     def _parsers(self, model: str, bundle: TokenizerBundle) -> ParserChoice:
         """The model's output parsers, chosen once per tokenizer bundle."""
@@ -114,11 +135,20 @@ class PreprocessorState:
         self.tokenizers.sync(self.catalog)
 
     def not_ready_reason(self) -> str:
-        """Ready when some served model can be served (has its tokenizer)."""
+        """Ready when a request could succeed now: some served model has a routable engine
+        and its tokenizer, a router answers (or the local fallback can place it), and a
+        dispatcher is connected."""
         if not self.catalog:
             return "no engine is routable"
-        if not self.tokenizers.loaded() & self.catalog.keys():
+        servable = self.tokenizers.loaded() & self.catalog.keys()
+        if not servable:
             return "the tokenizer is not loaded yet"
+        if not self.dispatcher.connected():
+            return "no dispatcher is reachable"
+        if not self.router.connected() and not any(
+            self.router.fallback.can_route(model) for model in servable
+        ):
+            return "no router is reachable (and the local fallback has no engine to use)"
         return ""
 
     def models_body(self) -> bytes:
@@ -162,6 +192,8 @@ class PreprocessorState:
         try:
             yield
         finally:
+            if self.deps.tracing is not None:
+                self.deps.tracing.shutdown()  # exports the spans still pending
             await self.tokenizers.close()
             await self.fleet.close()
             await self.router.close()

@@ -7,7 +7,7 @@ import asyncio
 import logging
 
 from switchyard.common import endpoints
-from switchyard.common.logs import setup_logging
+from switchyard.common.logs import add_logging_arguments, setup_logging
 from switchyard.common.metrics import add_metrics_arguments, serve_metrics
 from switchyard.common.ports import add_port_arguments, write_ready_file
 from switchyard.common.runner import run_until_signal
@@ -28,8 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=endpoints.ROUTER,
         help="ZMQ endpoint to serve on (port 0: a free one, see --ready-file)",
     )
-    parser.add_argument("--fleet-control", default=endpoints.FLEET_CONTROL)
-    parser.add_argument("--fleet-events", default=endpoints.FLEET_EVENTS)
+    endpoints.add_fleet_arguments(parser)
     parser.add_argument(
         "--router-mode",
         choices=routing_config.MODES,
@@ -129,9 +128,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=600.0,
         help="seconds after which an unfinished request stops counting as load",
     )
-    add_metrics_arguments(parser)
+    add_metrics_arguments(parser, "router")
     add_port_arguments(parser)
-    parser.add_argument("--log-level", default="INFO")
+    add_logging_arguments(parser)
 
 
 def routing_from_args(args: argparse.Namespace) -> routing_config.RoutingConfig:
@@ -158,7 +157,7 @@ def listener_from_args(args: argparse.Namespace) -> ListenerSpec | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    setup_logging("router", args.log_level)
+    logs = setup_logging("router", args.log_level, args.log_format)
     try:
         listener = listener_from_args(args)
         core = RouterCore(
@@ -185,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
         )
 
         def bound(endpoint: str) -> None:
+            logs.instance = endpoint
             report: dict[str, object] = {"bind": endpoint, "metrics_port": metrics_port}
             if service.kv_listen_endpoint is not None:  # --kv-events-bind / --kv-events-proxy
                 report["kv_events_listen"] = service.kv_listen_endpoint

@@ -59,6 +59,10 @@ class InFlightTracker:
     def __len__(self) -> int:
         return len(self._requests)
 
+    def loads(self) -> list[tuple[WorkerKey, RouterLoad]]:
+        """Every worker's load (for the metrics, read at scrape time)."""
+        return list(self._loads.items())
+
     def add(
         self,
         request_id: str,

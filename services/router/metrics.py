@@ -1,17 +1,23 @@
-"""The router's Prometheus metrics. Decision metrics are updated per route; KV ingestion
-counters, index sizes, plugin timings and engine-load figures are read at scrape time
-(nothing on the ingestion or routing hot path beyond plain counters)."""
+"""The router's Prometheus metrics (served on --metrics-port, default 7290). Decision metrics
+are updated per route; KV ingestion counters, index sizes, plugin timings and per-worker load
+are read at scrape time (nothing on the ingestion or routing hot path beyond plain counters).
+
+Label sets: `mode` a routing policy, `model` a served model, `worker` an engine URL from
+fleet's set, `dp_rank` a data-parallel rank, `plugin` a configured routing plugin (all
+bounded by the configuration)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from switchyard.protos.messages import Instance
 from switchyard.router.framework import PluginStats
 from switchyard.router.kv.index import KvIndex
+from switchyard.router.load import InFlightTracker
 
 _LATENCY_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2)
 _RATIO_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
@@ -24,10 +30,14 @@ class _Collector(Collector):
         index: KvIndex,
         stats: PluginStats | None,
         silent: Callable[[], int] | None,
+        instances: Callable[[], Mapping[int, Instance]],
+        tracker: InFlightTracker | None,
     ) -> None:
         self.index = index
         self.stats = stats
         self.silent = silent
+        self.instances = instances
+        self.tracker = tracker
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         c = self.index.counters
@@ -45,13 +55,17 @@ class _Collector(Collector):
             ("replay_failures", "missed KV batches that could not be replayed"),
         ):
             yield CounterMetricFamily(f"switchyard_router_kv_{name}", doc, value=getattr(c, name))
+        known = self.instances()
         sizes = GaugeMetricFamily(
             "switchyard_router_kv_index_blocks",
             "blocks the index holds per worker (device tier)",
-            labels=["instance_id", "dp_rank"],
+            labels=["instance_id", "dp_rank", "model", "worker"],
         )
         for instance_id, rank in self.index.workers():
-            sizes.add_metric([str(instance_id), str(rank)], self.index.size((instance_id, rank)))
+            instance = known.get(instance_id)
+            model, url = (instance.model, instance.url) if instance else ("", "")
+            size = self.index.size((instance_id, rank))
+            sizes.add_metric([str(instance_id), str(rank), model, url], size)
         yield sizes
         if self.silent is not None:
             yield GaugeMetricFamily(
@@ -59,27 +73,57 @@ class _Collector(Collector):
                 "instances routed to whose KV events never arrived",
                 value=self.silent(),
             )
+        if self.tracker is not None:
+            yield from self._loads(known, self.tracker)
         if self.stats is not None:
-            seconds = CounterMetricFamily(
-                "switchyard_router_plugin_seconds",
-                "time spent in each routing plugin",
-                labels=["plugin"],
-            )
-            calls = CounterMetricFamily(
-                "switchyard_router_plugin_calls", "routing plugin calls", labels=["plugin"]
-            )
-            clamped = CounterMetricFamily(
-                "switchyard_router_plugin_clamped",
-                "scores outside [0, 1] (or NaN) the framework clamped",
-                labels=["plugin"],
-            )
-            for name, stat in self.stats.by_plugin.items():
-                seconds.add_metric([name], stat.seconds)
-                calls.add_metric([name], stat.calls)
-                clamped.add_metric([name], stat.clamped)
-            yield seconds
-            yield calls
-            yield clamped
+            yield from self._plugins(self.stats)
+
+    @staticmethod
+    def _loads(
+        known: Mapping[int, Instance], tracker: InFlightTracker
+    ) -> Iterator[GaugeMetricFamily]:
+        in_flight = GaugeMetricFamily(
+            "switchyard_router_worker_in_flight",
+            "requests routed to each worker and not finished (the router's own bookkeeping)",
+            labels=["model", "worker", "dp_rank"],
+        )
+        active = GaugeMetricFamily(
+            "switchyard_router_worker_active_tokens",
+            "prompt tokens of the requests running on each worker (the router's load estimate)",
+            labels=["model", "worker", "dp_rank"],
+        )
+        for (instance_id, rank), load in tracker.loads():
+            instance = known.get(instance_id)
+            if instance is None:
+                continue
+            labels = [instance.model, instance.url, str(rank)]
+            in_flight.add_metric(labels, load.in_flight)
+            active.add_metric(labels, load.active_tokens)
+        yield in_flight
+        yield active
+
+    @staticmethod
+    def _plugins(stats: PluginStats) -> Iterator[CounterMetricFamily]:
+        seconds = CounterMetricFamily(
+            "switchyard_router_plugin_seconds",
+            "time spent in each routing plugin",
+            labels=["plugin"],
+        )
+        calls = CounterMetricFamily(
+            "switchyard_router_plugin_calls", "routing plugin calls", labels=["plugin"]
+        )
+        clamped = CounterMetricFamily(
+            "switchyard_router_plugin_clamped",
+            "scores outside [0, 1] (or NaN) the framework clamped",
+            labels=["plugin"],
+        )
+        for name, stat in stats.by_plugin.items():
+            seconds.add_metric([name], stat.seconds)
+            calls.add_metric([name], stat.calls)
+            clamped.add_metric([name], stat.clamped)
+        yield seconds
+        yield calls
+        yield clamped
 
 
 class RouterMetrics:
@@ -88,10 +132,21 @@ class RouterMetrics:
         index: KvIndex,
         stats: PluginStats | None = None,
         silent: Callable[[], int] | None = None,
+        instances: Callable[[], Mapping[int, Instance]] | None = None,
+        tracker: InFlightTracker | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         self.decisions = Counter(
-            "switchyard_router_decisions", "routing decisions", ["mode"], registry=self.registry
+            "switchyard_router_decisions",
+            "routing decisions",
+            ["mode", "model"],
+            registry=self.registry,
+        )
+        self.routed = Counter(
+            "switchyard_router_routed",
+            "requests routed to each worker",
+            ["model", "worker"],
+            registry=self.registry,
         )
         self.latency = Histogram(
             "switchyard_router_decision_seconds",
@@ -111,4 +166,4 @@ class RouterMetrics:
             buckets=_TTFT_BUCKETS,
             registry=self.registry,
         )
-        self.registry.register(_Collector(index, stats, silent))
+        self.registry.register(_Collector(index, stats, silent, instances or dict, tracker))

@@ -76,12 +76,14 @@ class RouterService:
             else None
         )
         ingestor = self.ingestor
+        self.fleet = FleetClient(fleet_control, fleet_events, on_change=self._on_fleet_change)
         self.metrics = metrics or RouterMetrics(
             core.index,
             core.stats,
             (lambda: len(ingestor.silent)) if ingestor is not None else None,
+            lambda: self.fleet.instances,
+            core.tracker,
         )
-        self.fleet = FleetClient(fleet_control, fleet_events, on_change=self._on_fleet_change)
         self._sock: LoopSocket | None = None
 
     @property
@@ -181,7 +183,10 @@ class RouterService:
             metrics.latency.observe(time.perf_counter() - started)
             reply = decision.response
             if reply.instance_id is not None and not message.dry_run:
-                metrics.decisions.labels(core.mode).inc()
+                metrics.decisions.labels(core.mode, message.model).inc()
+                instance = self.fleet.instances.get(reply.instance_id)
+                if instance is not None:
+                    metrics.routed.labels(instance.model, instance.url).inc()
                 if reply.prompt_blocks:
                     metrics.hit_ratio.observe(reply.overlap_blocks / reply.prompt_blocks)
                 if reply.predicted_ttft_ms:

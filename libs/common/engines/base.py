@@ -99,6 +99,21 @@ def _detail(
     return DeltaDetail(index, logprobs, prompt)
 
 
+def call_metadata(
+    http_request_id: str | None, traceparent: str | None
+) -> tuple[tuple[str, str], ...] | None:
+    """gRPC metadata that joins an engine call to the client's request: `x-request-id` (the
+    HTTP request id) and the W3C `traceparent` (keys as SMG sends them to the engines)."""
+    if http_request_id is None and traceparent is None:
+        return None
+    pairs = []
+    if http_request_id is not None:
+        pairs.append(("x-request-id", http_request_id))
+    if traceparent is not None:
+        pairs.append(("traceparent", traceparent))
+    return tuple(pairs)
+
+
 def _caller_cancelled() -> bool:
     """A CancelledError in a stream is the caller's when its task is being cancelled; else
     grpc.aio cancelled the call because its channel was closed under it."""
@@ -213,9 +228,9 @@ class EngineClient(abc.ABC):
             return self._generate_plain(request, built)
         return self._generate_detailed(request, built)
 
-    def _call(self, built: Any) -> Any:
+    def _call(self, built: Any, metadata: tuple[tuple[str, str], ...] | None = None) -> Any:
         try:
-            return self.stub.Generate(built)
+            return self.stub.Generate(built, metadata=metadata)
         except grpc.aio.UsageError as exc:  # the channel was closed (instance removed)
             raise EngineError(
                 errors.DISCONNECTED, f"channel closed: {exc}", self.instance_id
@@ -226,7 +241,7 @@ class EngineClient(abc.ABC):
     ) -> AsyncIterator[GenerateEvent]:
         """One choice, no logprobs: the per-token hot path."""
         request_id = request.request_id
-        call = self._call(built)
+        call = self._call(built, call_metadata(request.http_request_id, request.traceparent))
         generated = 0
         try:
             async for reply in call:
@@ -268,7 +283,7 @@ class EngineClient(abc.ABC):
         prompt_pending = request.prompt_logprobs is not None
         generated = [0] * choices
         finished = 0
-        call = self._call(built)
+        call = self._call(built, call_metadata(request.http_request_id, request.traceparent))
         try:
             async for reply in call:
                 streamed = reply.HasField("chunk")
@@ -324,12 +339,16 @@ class EngineClient(abc.ABC):
         raise EngineError(errors.DISCONNECTED, "stream ended without complete", self.instance_id)
 
     async def embed(
-        self, request_id: str, token_ids: list[int], timeout: float | None = None
+        self,
+        request_id: str,
+        token_ids: list[int],
+        timeout: float | None = None,
+        metadata: tuple[tuple[str, str], ...] | None = None,
     ) -> Embedding:
         """One input's embedding (the Embed RPC). Raises EngineError."""
         try:
             reply = await self.stub.Embed(
-                self.build_embed_request(request_id, token_ids), timeout=timeout
+                self.build_embed_request(request_id, token_ids), timeout=timeout, metadata=metadata
             )
         except grpc.aio.AioRpcError as exc:
             raise self._error(exc) from exc

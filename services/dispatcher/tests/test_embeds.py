@@ -15,8 +15,9 @@ class FakeClient:
         self.calls: list[str] = []
         self.cancelled: list[str] = []
 
-    async def embed(self, request_id, token_ids, timeout=None):
+    async def embed(self, request_id, token_ids, timeout=None, metadata=None):
         self.calls.append(request_id)
+        self.metadata = metadata
         if token_ids == self.fail_on:
             raise EngineError(self.kind, "refused", 4)
         if token_ids == [0]:  # never answers: only cancellation ends it

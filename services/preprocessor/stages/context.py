@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from switchyard.preprocessor.router_client import RouterClient
     from switchyard.preprocessor.stages.choice import ChoiceOutput
     from switchyard.preprocessor.stages.generation import Generation
+    from switchyard.preprocessor.tracing import Trace, Tracing
 
 CHAT = "chat_completions"
 COMPLETIONS = "completions"
@@ -65,16 +66,24 @@ class Deps:
     metrics: PreprocessorMetrics
     limits: Limits = Limits()
     timer: StageTimer | None = None  # --stage-timing: a benchmark mode
+    tracing: Tracing | None = None  # --otlp-endpoint: OpenTelemetry spans per request
 
 
 @dataclass(frozen=True, slots=True)
 class RequestInput:
     endpoint: str  # CHAT | COMPLETIONS | EMBEDDINGS | RESPONSES
-    request_id: str
+    request_id: str  # the client's X-Request-Id or a minted one: the response's `id`
     request: ChatCompletionRequest | CompletionRequest | EmbeddingRequest
     received: float  # time.perf_counter() when the body was read
     created: int  # unix seconds, for the response's `created`
+    # The engine request ids' prefix: unique per request even when two clients send the same
+    # X-Request-Id ("" : the request id itself, a minted one is unique).
+    engine_prefix: str = ""
     session_id: str | None = None  # the x-session-id header, else the body's `user`
+
+    @property
+    def engine_id(self) -> str:
+        return self.engine_prefix or self.request_id
 
 
 @dataclass(slots=True)
@@ -100,7 +109,25 @@ class RequestState:
     unfinished: int = 0  # choices still generating
     first_token_at: float | None = None
     migrations: int = 0
+    usage: Any = None  # sinks.Usage, once the request finished
+    trace: Trace | None = None  # tracing on: the request's spans
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Exchange:
+    """One HTTP exchange as the edge sees it: the ids it gave the request, and what `serve`
+    reports back for the access log and the metrics."""
+
+    __slots__ = ("path", "request_id", "engine_prefix", "session_id", "ctx", "error", "trace")
+
+    def __init__(self, path: str, request_id: str, engine_prefix: str = "") -> None:
+        self.path = path
+        self.request_id = request_id
+        self.engine_prefix = engine_prefix
+        self.session_id: str | None = None  # the x-session-id header
+        self.ctx: RequestContext | None = None  # None: the body did not parse
+        self.error = ""  # the error code of a failed request (in a stream too)
+        self.trace: Trace | None = None  # tracing on: the request's spans
 
 
 @dataclass(slots=True)

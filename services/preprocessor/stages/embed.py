@@ -87,7 +87,8 @@ async def embed(ctx: RequestContext) -> Embeddings:
     exclude: list[int] = []
     failure: GenerateFailed | None = None
     for attempt in range(limits.migration_limit + 1):
-        request_id = ctx.inp.request_id if attempt == 0 else f"{ctx.inp.request_id}.m{attempt}"
+        engine_id = ctx.inp.engine_id
+        request_id = engine_id if attempt == 0 else f"{engine_id}.m{attempt}"
         routed = await deps.router.route(
             RouteRequest(
                 request_id=request_id,
@@ -100,8 +101,12 @@ async def embed(ctx: RequestContext) -> Embeddings:
         if routed.instance_id is None:
             model = ctx.inp.request.model
             raise NoWorker(routed.error, f"no engine available for model {model!r}", model)
+        state.extra["instance_id"] = routed.instance_id  # for the access log
         request = EmbedRequest(
-            request_id=request_id, instance_id=routed.instance_id, inputs=state.prompt_ids
+            request_id=request_id,
+            instance_id=routed.instance_id,
+            inputs=state.prompt_ids,
+            http_request_id=ctx.inp.request_id,
         )
         try:
             stream = await deps.dispatcher.open(request, state.queue)
@@ -132,7 +137,8 @@ async def embed(ctx: RequestContext) -> Embeddings:
             await deps.router.busy(failure.instance_id, limits.busy_seconds)
         if failure.engine_fault:
             exclude.append(failure.instance_id)
-        deps.metrics.migrations.labels(failure.kind).inc()
+        entry = state.entry
+        deps.metrics.migrations.labels(entry.name if entry else "", failure.kind).inc()
     assert failure is not None
     raise EngineError(
         failure.kind,
@@ -179,7 +185,8 @@ async def respond(ctx: RequestContext, result: Embeddings, http: HttpOut) -> Non
     }
     await http.respond(200, orjson.dumps(body))
     metrics = ctx.deps.metrics
-    metrics.duration.observe(time.perf_counter() - ctx.inp.received)
-    metrics.input_tokens.inc(tokens)
+    model = ctx.state.entry.name if ctx.state.entry is not None else ""
+    metrics.duration.labels(model).observe(time.perf_counter() - ctx.inp.received)
+    metrics.input_tokens.labels(model).inc(tokens)
     if ctx.deps.timer is not None:
         ctx.deps.timer.add("finish", time.perf_counter() - t0)

@@ -45,6 +45,7 @@ from switchyard.preprocessor.stages.context import (
     EMBEDDINGS,
     RESPONSES,
     Deps,
+    Exchange,
     RequestContext,
     RequestInput,
 )
@@ -101,30 +102,51 @@ PROMPT_STAGES: dict[str, tuple[Stage, ...]] = {
 PROMPT_STAGES[RESPONSES] = PROMPT_STAGES[CHAT]
 
 
+# The prompt stages worth a span of their own (the others take microseconds; a span costs
+# tens of microseconds of Python, and its export more: bench/operability.py).
+TRACED_STAGES = frozenset({"template", "tokenize"})
+
+
 async def run_stages(ctx: RequestContext, stages: tuple[Stage, ...]) -> None:
     timer = ctx.deps.timer
+    trace = ctx.state.trace
     for stage in stages:
         t0 = time.perf_counter()
+        span = None
+        if trace is not None and stage.name in TRACED_STAGES:
+            span = trace.span(stage.name)
         result = stage.run(ctx)
         if inspect.isawaitable(result):
             await result
+        if span is not None:
+            span.end()
         if timer is not None:
             timer.add(stage.name, time.perf_counter() - t0)
 
 
 def parse(
-    deps: Deps, endpoint: str, body: bytes, received: float, session_id: str | None = None
+    deps: Deps, endpoint: str, body: bytes, received: float, exchange: Exchange | None = None
 ) -> RequestContext:
-    """`session_id`: the x-session-id header (None: the body's `user`, if any, is the key)."""
+    """The request body -> a context; its ids and session key (the x-session-id header, else
+    the body's `user`) come from the edge (X-Request-Id or minted)."""
     t0 = time.perf_counter()
     request = PARSE[endpoint](body)
     if deps.timer is not None:
         deps.timer.add("parse", time.perf_counter() - t0)
-    request_id = f"{ID_PREFIX[endpoint]}{uuid.uuid4().hex}"
-    session = session_id or request.user
-    return RequestContext(
-        RequestInput(endpoint, request_id, request, received, int(time.time()), session), deps
+    if exchange is not None:
+        request_id, prefix = exchange.request_id, exchange.engine_prefix
+        session = exchange.session_id or request.user
+    else:
+        request_id, prefix = f"{ID_PREFIX[endpoint]}{uuid.uuid4().hex}", ""
+        session = request.user
+    ctx = RequestContext(
+        RequestInput(endpoint, request_id, request, received, int(time.time()), prefix, session),
+        deps,
     )
+    if exchange is not None:
+        exchange.ctx = ctx
+        ctx.state.trace = exchange.trace
+    return ctx
 
 
 async def generate(ctx: RequestContext) -> None:
@@ -166,7 +188,8 @@ async def generate(ctx: RequestContext) -> None:
                 )
             )
             index += 1
-        base_id = ctx.inp.request_id if group == 0 else f"{ctx.inp.request_id}.p{group}"
+        engine_id = ctx.inp.engine_id
+        base_id = engine_id if group == 0 else f"{engine_id}.p{group}"
         echo_logprobs = None
         if not chat and req.echo and state.logprobs is not None:  # type: ignore[union-attr]
             echo_logprobs = state.logprobs
@@ -237,13 +260,26 @@ async def finish(ctx: RequestContext, sink: Sink) -> None:
         await sink.end(state.choices, usage, chat_logprobs)
     else:
         await sink.end(state.choices, usage)
-    metrics = ctx.deps.metrics
-    metrics.duration.observe(time.perf_counter() - ctx.inp.received)
-    metrics.input_tokens.inc(usage.prompt_tokens)
-    metrics.output_tokens.inc(usage.completion_tokens)
-    metrics.cached_tokens.inc(usage.cached_tokens)
+    state.usage = usage
+    model = state.entry.name if state.entry is not None else ""
+    ctx.deps.metrics.finished(
+        model, time.perf_counter() - ctx.inp.received, usage, _predictions(ctx)
+    )
     if ctx.deps.timer is not None:
         ctx.deps.timer.add("finish", time.perf_counter() - t0)
+
+
+def _predictions(ctx: RequestContext) -> list[tuple[int, int, int, int]]:
+    """(predicted, engine-reported cached tokens, block size, prompt tokens) per generation
+    that the KV router placed (other policies predict nothing)."""
+    out = []
+    for gen in ctx.state.generations:
+        if gen.predicted is None:
+            continue
+        predicted, block_size = gen.predicted
+        reported = max((c.cached_tokens for c in gen.choices), default=0)
+        out.append((predicted, reported, block_size, len(gen.prompt_ids)))
+    return out
 
 
 async def serve(
@@ -252,14 +288,14 @@ async def serve(
     body: bytes,
     received: float,
     http: HttpOut,
-    session_id: str | None = None,
+    exchange: Exchange | None = None,
 ) -> int:
     """Answer one generation request on `http`; returns the HTTP status (200 once a stream
-    started, whatever happened in it). `session_id`: the x-session-id header."""
+    started, whatever happened in it). `exchange` gets the context and the error code."""
     ctx: RequestContext | None = None
     sink: Sink | None = None
     try:
-        ctx = parse(deps, endpoint, body, received, session_id)
+        ctx = parse(deps, endpoint, body, received, exchange)
         await run_stages(ctx, PROMPT_STAGES[endpoint])
         if endpoint == EMBEDDINGS:
             deps.metrics.active.inc()
@@ -281,6 +317,8 @@ async def serve(
         err = as_request_error(exc)
         if endpoint == RESPONSES:
             err = responses_error(err)
+        if exchange is not None:
+            exchange.error = err.code
         if sink is not None and await sink.fail(err):
             return 200
         await http.respond(err.status, err.body())

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -25,7 +26,7 @@ from switchyard.preprocessor.dispatcher_client import GenerationStream, NoDispat
 from switchyard.preprocessor.errors import NoWorker
 from switchyard.preprocessor.prefill_hop import HopStream, open_hop, supported
 from switchyard.preprocessor.reply_queue import ReplyQueue
-from switchyard.preprocessor.router_client import FALLBACK_POLICY
+from switchyard.preprocessor.router_client import FALLBACK_POLICY, KV_POLICY
 from switchyard.preprocessor.stages.choice import ChoiceOutput
 from switchyard.preprocessor.stages.context import RequestContext
 from switchyard.protos.messages import (
@@ -38,6 +39,11 @@ from switchyard.protos.messages import (
     RouteResponse,
     SamplingParams,
 )
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from switchyard.preprocessor.tracing import Trace
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +66,10 @@ class Generation:
         "open",
         "unfinished",
         "prompt_logprobs",
+        "prefill_instance_id",
+        "predicted",
+        "span",
+        "first_span",
     )
 
     def __init__(
@@ -87,6 +97,12 @@ class Generation:
         self.open = False  # an attempt is running
         self.unfinished = len(choices)
         self.prompt_logprobs = prompt_logprobs  # echo: asked of the first attempt only
+        self.prefill_instance_id: int | None = None  # the prefill engine of a hop
+        # KV routing's prediction for the attempt: (cached tokens, block size); None when
+        # the policy predicts nothing.
+        self.predicted: tuple[int, int] | None = None
+        self.span: Span | None = None  # tracing on: the attempt's dispatch span
+        self.first_span: Span | None = None  # ... and its first_token span
 
     # ---- route -> hop -> dispatch ------------------------------------------------------
 
@@ -96,12 +112,17 @@ class Generation:
         timer = deps.timer
         if self.attempt:
             self.attempt_id = f"{self.base_id}.m{self.attempt}"
+        trace = ctx.state.trace
         t0 = time.perf_counter()
-        routed = await self._route()
+        span = None
+        if trace is not None:
+            span = trace.span("route", **{"switchyard.attempt": self.attempt})
+        routed = await self._route(span)
         if timer is not None:
             timer.add("route", time.perf_counter() - t0)
         instance_id = routed.instance_id
         assert instance_id is not None
+        self._predict(routed)
         choices = self.choices
         generated = choices[0].generated if len(choices) == 1 else []
         # The prefill hop only before any token: a later migration resends the prompt and the
@@ -136,7 +157,10 @@ class Generation:
             prompt_logprobs=self.prompt_logprobs if self.attempt == 0 else None,
             reasoning=state.reasoning,
             data_parallel_rank=routed.dp_rank,  # the rank the router chose (None: the engine's)
+            http_request_id=ctx.inp.request_id,
         )
+        if trace is not None:
+            request = self._dispatch_span(trace, request, routed, pair)
         self.instance_id = instance_id
         self.got_tokens = False
         self.unfinished = sum(1 for c in choices if not c.done)
@@ -144,6 +168,8 @@ class Generation:
         t0 = time.perf_counter()
         if pair is not None:
             self.hops += 1
+            self.prefill_instance_id = pair[0].instance_id
+            hop = trace.span("prefill_hop", self.span) if trace is not None else None
             self.stream = await open_hop(
                 self._open,
                 request,
@@ -152,6 +178,8 @@ class Generation:
                 state.queue,
                 deps.metrics.internal_errors.labels("prefill_hop").inc,
             )
+            if hop is not None:
+                hop.end()
             stage = "hop"
         else:
             self.stream = await self._open(request, state.queue)
@@ -179,7 +207,39 @@ class Generation:
             self.ctx.state.generations.append(sibling)
             await sibling.start()
 
-    async def _route(self) -> RouteResponse:
+    def _dispatch_span(
+        self,
+        trace: Trace,
+        request: GenerateRequest,
+        routed: RouteResponse,
+        pair: tuple[Instance, Instance] | None,
+    ) -> GenerateRequest:
+        """Start the attempt's dispatch and first_token spans; the request then carries the
+        dispatch span's context to the engine."""
+        instance = self.ctx.deps.instances().get(request.instance_id)
+        span = self.span = trace.span(
+            "dispatch",
+            **{
+                "switchyard.engine_request_id": request.request_id,
+                "switchyard.worker": instance.url if instance is not None else "",
+                "switchyard.attempt": self.attempt,
+                "switchyard.prefill_worker": pair[0].url if pair is not None else "",
+            },
+        )
+        self.first_span = trace.span("first_token", span)
+        return msgspec.structs.replace(request, traceparent=trace.traceparent(span))
+
+    def _predict(self, routed: RouteResponse) -> None:
+        """Keep what the KV router predicted of this attempt's cached prefix."""
+        self.predicted = None
+        if routed.policy != KV_POLICY or routed.instance_id is None:
+            return
+        instance = self.ctx.deps.instances().get(routed.instance_id)
+        if instance is not None:
+            block = instance.block_size
+            self.predicted = (min(routed.overlap_blocks * block, len(self.prompt_ids)), block)
+
+    async def _route(self, span: Span | None = None) -> RouteResponse:
         ctx = self.ctx
         deps = ctx.deps
         reply = await deps.router.route(
@@ -194,6 +254,21 @@ class Generation:
         )
         if reply.policy == FALLBACK_POLICY:
             deps.metrics.router_fallback.inc()
+        if span is not None:
+            span.set_attributes(
+                {
+                    "switchyard.policy": reply.policy,
+                    "switchyard.instance_id": reply.instance_id or 0,
+                    "switchyard.overlap_blocks": reply.overlap_blocks,
+                    "switchyard.prompt_blocks": reply.prompt_blocks,
+                }
+            )
+            if reply.instance_id is None:
+                ctx.state.trace.fail(  # type: ignore[union-attr]
+                    span, reply.error or "no_worker", "no engine available"
+                )
+            else:
+                span.end()
         if reply.instance_id is None:
             model = ctx.inp.request.model
             raise NoWorker(reply.error, f"no engine available for model {model!r}", model)
@@ -211,6 +286,7 @@ class Generation:
                 reply.request_id,
                 reply.prefill_instance_id,
                 reply.instance_id,
+                extra={"request_id": reply.request_id},
             )
             return None
         return prefill, decode
@@ -225,6 +301,9 @@ class Generation:
 
     async def first_token_sent(self) -> None:
         """The client has this attempt's first token: the router frees its prefill booking."""
+        if self.first_span is not None:
+            self.first_span.end()
+            self.first_span = None
         await self.ctx.deps.router.progress(
             self.attempt_id, self.instance_id, STAGE_FIRST_TOKEN, final=False
         )
@@ -241,7 +320,21 @@ class Generation:
             await self.stream.cancel()
         await self._end()
 
+    def _end_spans(self, failure: GenerateFailed | None = None) -> None:
+        trace = self.ctx.state.trace
+        assert trace is not None
+        for span in (self.first_span, self.span):
+            if span is None:
+                continue
+            if failure is not None:
+                trace.fail(span, failure.kind, failure.message)
+            else:
+                span.end()
+        self.first_span = self.span = None
+
     async def _end(self) -> None:
+        if self.span is not None:
+            self._end_spans()
         if not self.open:
             return
         self.open = False
@@ -254,6 +347,8 @@ class Generation:
         """An attempt failed: migrate it (a new attempt is running on return) or raise."""
         if isinstance(self.stream, HopStream):
             failure = self.stream.blame(failure)
+        if self.span is not None:
+            self._end_spans(failure)
         await self.stop()
         deps = self.ctx.deps
         if failure.kind not in errors.MIGRATABLE:
@@ -276,16 +371,38 @@ class Generation:
             failure.kind,
             sum(len(c.generated) for c in left),
             failure.message,
+            extra={"request_id": self.ctx.inp.request_id},
         )
-        deps.metrics.migrations.labels(failure.kind).inc()
-        self.ctx.state.migrations += 1
+        state = self.ctx.state
+        entry = state.entry
+        deps.metrics.migrations.labels(entry.name if entry else "", failure.kind).inc()
+        state.migrations += 1
         self.attempt += 1
+        trace = state.trace
+        span = None
+        if trace is not None:
+            span = trace.span(
+                "migration",
+                **{
+                    "switchyard.kind": failure.kind,
+                    "switchyard.from_instance_id": failure.instance_id,
+                    "switchyard.attempt": self.attempt,
+                    "switchyard.tokens_so_far": sum(len(c.generated) for c in left),
+                },
+            )
         if len(left) > 1 and any(c.generated for c in left):
             self.choices = left
             await self._split(left[1:])  # each diverged choice resumes on its own
         else:
             self.choices = left
-        await self.start(failure)
+        try:
+            await self.start(failure)
+        except BaseException as exc:
+            if span is not None:
+                trace.fail(span, type(exc).__name__, str(exc))
+            raise
+        if span is not None:
+            span.end()
 
     def silent(self, timeout: float) -> GenerateFailed:
         """The failure of an attempt the watchdog found silent for `timeout` seconds."""

@@ -25,9 +25,7 @@ from switchyard.preprocessor.stages.watchdog import Watchdog
 from switchyard.protos.messages import GenerateFailed, GenerateFinished, TokenDelta
 
 
-def _logprobs(
-    ctx: RequestContext, sink: Sink, choice: ChoiceOutput, reply: TokenDelta
-) -> None:
+def _logprobs(ctx: RequestContext, sink: Sink, choice: ChoiceOutput, reply: TokenDelta) -> None:
     detail = reply.detail
     assert detail is not None
     state = ctx.state
@@ -56,7 +54,8 @@ async def stream(ctx: RequestContext, sink: Sink) -> None:
     queue = state.queue
     attempts = state.attempts
     timer = deps.timer
-    itl = deps.metrics.itl
+    model = state.entry.name if state.entry is not None else ""
+    itl = deps.metrics.itl.labels(model)  # looked up once per request, observed per batch
     clock = asyncio.get_running_loop().time
     watchdog = Watchdog(queue, state.generations, limits.first_token_timeout, limits.gap_timeout)
     watchdog.arm()
@@ -143,7 +142,7 @@ async def stream(ctx: RequestContext, sink: Sink) -> None:
             if got_tokens:
                 if state.first_token_at is None:
                     state.first_token_at = time.perf_counter()
-                    deps.metrics.ttft.observe(state.first_token_at - ctx.inp.received)
+                    deps.metrics.ttft.labels(model).observe(state.first_token_at - ctx.inp.received)
                 else:
                     itl.observe(now - last_tokens_at)
                 last_tokens_at = now

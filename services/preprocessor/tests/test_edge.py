@@ -48,7 +48,10 @@ class Client:
 
 
 class Deps:
-    metrics = PreprocessorMetrics()
+    def __init__(self) -> None:
+        self.metrics = PreprocessorMetrics()
+        self.tracing = None
+        self.instances = dict
 
 
 @pytest.fixture
@@ -57,9 +60,9 @@ def served(monkeypatch):
     seen: list[tuple[str, bytes]] = []
     state = {"behaviour": None, "sessions": []}
 
-    async def serve(deps, endpoint, body, received, out, session_id=None):
+    async def serve(deps, endpoint, body, received, out, exchange=None):
         seen.append((endpoint, body))
-        state["sessions"].append(session_id)
+        state["sessions"].append(exchange.session_id if exchange is not None else None)
         return await state["behaviour"](out)
 
     monkeypatch.setattr(edge, "serve", serve)
@@ -154,7 +157,7 @@ async def test_a_client_leaving_cancels_the_answer(served, streaming):
     client.leave()
     await asyncio.wait_for(serving, 5)  # returns normally: the client is gone
     assert cancelled.is_set()
-    counted = deps.metrics.requests.labels("chat_completions", str(CLIENT_GONE))._value.get()
+    counted = deps.metrics.requests.labels("chat_completions", "", str(CLIENT_GONE))._value.get()
     assert counted >= 1
 
 

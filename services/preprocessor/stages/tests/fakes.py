@@ -35,10 +35,18 @@ class FakeRouter:
     """Routes to the first instance not excluded; `dp_ranks` pins instances' requests to a
     data-parallel rank."""
 
-    def __init__(self, instances: list[int], dp_ranks: dict[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        instances: list[int],
+        dp_ranks: dict[int, int] | None = None,
+        policy: str = "",
+        overlap_blocks: int = 0,
+    ) -> None:
         self.instances = instances
         self.dp_ranks = dp_ranks or {}
         self.requests: list[RouteRequest] = []
+        self.policy = policy  # "kv": replies predict `overlap_blocks` cached blocks
+        self.overlap_blocks = overlap_blocks
         self.excluded: list[list[int]] = []
         self.progress_log: list[tuple[str, str]] = []
         self.busy_log: list[int] = []
@@ -52,6 +60,8 @@ class FakeRouter:
             instance_id=free[0] if free else None,
             error="" if free else "no_worker",
             dp_rank=self.dp_ranks.get(free[0]) if free else None,
+            policy=self.policy,
+            overlap_blocks=self.overlap_blocks,
         )
 
     async def progress(self, request_id, instance_id, stage, final) -> None:
@@ -140,6 +150,7 @@ def deps(
     router: FakeRouter,
     dispatcher: FakeDispatcher,
     context_length: int = 4096,
+    tracing: Any = None,
     **limits: Any,
 ) -> Deps:
     entry = ModelEntry(MODEL, context_length, 1)
@@ -163,6 +174,7 @@ def deps(
         parsers=lambda model, b: parsers_for(b.model_config, b.chat_template.source),
         metrics=PreprocessorMetrics(),
         limits=Limits(**limits),
+        tracing=tracing,
     )
 
 

@@ -8,9 +8,11 @@ import asyncio
 import pytest
 
 from switchyard.common import errors
-from switchyard.preprocessor.stages.context import CHAT, COMPLETIONS
-from switchyard.preprocessor.stages.endpoints import serve
+from switchyard.preprocessor import request_ids
+from switchyard.preprocessor.stages.context import CHAT, COMPLETIONS, Exchange
+from switchyard.preprocessor.stages.endpoints import ID_PREFIX, serve
 from switchyard.preprocessor.stages.tests.fakes import (
+    MODEL,
     FakeDispatcher,
     FakeHttp,
     FakeRouter,
@@ -33,7 +35,9 @@ async def run(
     d, body: bytes, endpoint: str = CHAT, session_id: str | None = None
 ) -> tuple[int, FakeHttp]:
     http = FakeHttp()
-    status = await serve(d, endpoint, body, 0.0, http, session_id)
+    exchange = Exchange("/v1/x", request_ids.mint(ID_PREFIX[endpoint]))
+    exchange.session_id = session_id
+    status = await serve(d, endpoint, body, 0.0, http, exchange)
     return status, http
 
 
@@ -170,7 +174,7 @@ class TestMigration:
         assert retry.request_id == first.request_id + ".m1"
         assert router.excluded == [[], [1]]
         assert http.events()[-2]["usage"]["completion_tokens"] == 3
-        assert d.metrics.migrations.labels(errors.CANNOT_CONNECT)._value.get() == 1
+        assert d.metrics.migrations.labels(MODEL, errors.CANNOT_CONNECT)._value.get() == 1
 
     async def test_dispatcher_loss_does_not_exclude_the_engine(self, bundle):
         calls = []

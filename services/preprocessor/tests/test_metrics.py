@@ -1,0 +1,87 @@
+"""The preprocessor's metrics by model, and the router's KV predictions against the engines'
+reported cached tokens."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import generate_latest
+
+from switchyard.preprocessor.edge import Edge
+from switchyard.preprocessor.metrics import PreprocessorMetrics
+from switchyard.preprocessor.stages.tests.fakes import (
+    MODEL,
+    FakeDispatcher,
+    FakeRouter,
+    chat_body,
+    deps,
+    done,
+    tokens,
+)
+from switchyard.preprocessor.tests.asgi_client import post
+
+CHAT = "/v1/chat/completions"
+
+
+async def no_app(scope, receive, send):
+    raise AssertionError("not a generation request")
+
+
+def value(metrics: PreprocessorMetrics, name: str, **labels: str) -> float:
+    got = metrics.registry.get_sample_value(f"switchyard_preprocessor_{name}", labels)
+    return 0.0 if got is None else got
+
+
+def engine(*replies):
+    """A dispatcher whose every attempt gets token batches of `replies`, then `done`."""
+
+    def script(req):
+        *batches, cached = replies
+        return [tokens(req.request_id, *ids) for ids in batches] + [
+            done(req.request_id, cached=cached)
+        ]
+
+    return FakeDispatcher(script)
+
+
+async def test_series_are_labelled_by_model(bundle):
+    d = deps(bundle, FakeRouter([1]), engine([100, 101], [102], 16))
+    app = Edge(no_app, d, 1 << 20)
+    assert (await post(app, CHAT, chat_body(stream=True))).status == 200
+    assert (await post(app, CHAT, chat_body(model="nope"))).status == 404
+    m = d.metrics
+    chat = "chat_completions"
+    assert value(m, "requests_total", endpoint=chat, model=MODEL, status="200") == 1
+    assert value(m, "requests_total", endpoint=chat, model="", status="404") == 1
+    assert value(m, "errors_total", model="", code="model_not_found") == 1
+    assert value(m, "time_to_first_token_seconds_count", model=MODEL) == 1
+    # One batch of replies here (the fake queues them at once): the series, no observation.
+    itl = "switchyard_preprocessor_inter_token_latency_seconds_count"
+    assert m.registry.get_sample_value(itl, {"model": MODEL}) == 0
+    assert value(m, "request_duration_seconds_count", model=MODEL) == 1
+    assert value(m, "output_tokens_total", model=MODEL) == 3
+    assert value(m, "cached_tokens_total", model=MODEL) == 16
+    text = generate_latest(m.registry).decode()
+    assert 'model="nope"' not in text  # a client's model name never becomes a label
+
+
+@pytest.mark.parametrize(
+    ("overlap_blocks", "cached", "outcome"),
+    [(0, 0, "exact"), (1, 16, "exact"), (1, 0, "over"), (0, 16, "under")],
+)
+async def test_kv_predictions_against_the_engine(bundle, overlap_blocks, cached, outcome):
+    router = FakeRouter([1], policy="kv", overlap_blocks=overlap_blocks)
+    d = deps(bundle, router, engine([100], cached))
+    long_prompt = chat_body(messages=[{"role": "user", "content": "tell me a story " * 8}])
+    assert (await post(Edge(no_app, d, 1 << 20), CHAT, long_prompt)).status == 200
+    m = d.metrics
+    assert value(m, "route_predictions_total", model=MODEL, outcome=outcome) == 1
+    predicted = value(m, "predicted_cached_tokens_total", model=MODEL)
+    assert predicted == overlap_blocks * 16  # the fake instances' block size
+    assert value(m, "kv_routed_prompt_tokens_total", model=MODEL) > 0
+
+
+async def test_other_policies_predict_nothing(bundle):
+    d = deps(bundle, FakeRouter([1], policy="round_robin"), engine(16))
+    assert (await post(Edge(no_app, d, 1 << 20), CHAT, chat_body())).status == 200
+    text = generate_latest(d.metrics.registry).decode()
+    assert "switchyard_preprocessor_route_predictions_total{" not in text

@@ -1,0 +1,148 @@
+"""The `switchyard` command: help for every flag, --version, lazy imports, config print."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from switchyard import cli
+
+
+def command_parsers() -> dict[str, argparse.ArgumentParser]:
+    return {name: cli.command_parser(name) for name in cli.SUBCOMMANDS}
+
+
+class TestHelp:
+    def test_every_flag_of_every_command_has_help(self):
+        missing = {name: cli.missing_help(p) for name, p in command_parsers().items()}
+        assert {name: flags for name, flags in missing.items() if flags} == {}
+
+    def test_a_flag_without_help_is_caught(self):
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--documented", help="says what it does")
+        parser.add_argument("--bare")
+        assert cli.missing_help(parser) == ["--bare"]
+
+    def test_help_shows_defaults_and_choices(self):
+        text = cli.command_parser("router").format_help()
+        assert "(default: 600.0)" in " ".join(text.split())  # --request-ttl
+        assert "{kv,round_robin,random,least_loaded}" in text  # --router-mode
+        up = " ".join(cli.command_parser("up").format_help().split())
+        assert "--router-mode {kv,round_robin,random,least_loaded}" in up
+        pre = " ".join(cli.command_parser("preprocessor").format_help().split())
+        assert "--log-format {text,json}" in pre
+        assert "SWITCHYARD_<FLAG>" in pre
+
+    def test_formatter_adds_hidden_choices_and_no_duplicate_default(self):
+        parser = argparse.ArgumentParser(formatter_class=cli.HelpFormatter)
+        parser.add_argument("--a", choices=("x", "y"), default="x", metavar="A", help="pick")
+        parser.add_argument("--b", type=int, default=2, help="count (default 2)")
+        text = " ".join(parser.format_help().split())
+        assert "pick (choices: x, y; default: x)" in text
+        assert "count (default 2)" in text and "default: 2" not in text
+
+
+def run(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "switchyard", *argv],
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=120,
+    )
+
+
+class TestVersion:
+    @pytest.mark.parametrize("command", [None, *cli.SUBCOMMANDS])
+    def test_every_command_prints_the_version(self, command):
+        argv = [command, "--version"] if command else ["--version"]
+        with pytest.raises(SystemExit) as exited:
+            cli.main(argv)
+        assert exited.value.code == 0
+
+
+class TestLazyImports:
+    def test_a_service_imports_only_its_own_module(self):
+        code = (
+            "import sys\n"
+            "from switchyard.cli import main\n"
+            "try:\n    main(['router', '--version'])\n"
+            "except SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('fastapi', 'uvicorn', 'tokenizers', "
+            "'switchyard.mock_engine.server', 'switchyard.preprocessor.app') if m in sys.modules))"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+        )
+        assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+class TestConfigPrint:
+    def test_flag_over_env_over_file_over_default(self, tmp_path: Path):
+        config = tmp_path / "switchyard.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "router": {"router-mode": "random", "kv-temperature": 0.5, "request-ttl": 9},
+                    "preprocessor": {"migration-limit": 1},
+                }
+            )
+        )
+        out = run(
+            "config", "print", "router", "--config", str(config), "--request-ttl", "7",
+            env={"SWITCHYARD_KV_TEMPERATURE": "0.25"},
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        printed = yaml.safe_load(out.stdout)["router"]
+        assert printed["request-ttl"] == 7.0  # flag
+        assert printed["kv-temperature"] == 0.25  # env over file
+        assert printed["router-mode"] == "random"  # file
+        assert printed["kv-overlap-weight"] == 1.0  # default
+        lines = {line.split(":")[0].strip(): line for line in out.stdout.splitlines()}
+        assert lines["request-ttl"].endswith("# flag")
+        assert lines["kv-temperature"].endswith("# env SWITCHYARD_KV_TEMPERATURE")
+        assert "# file" in lines["router-mode"] and lines["bind"].endswith("# default")
+
+    def test_all_sections_read_back(self, tmp_path: Path):
+        first = run("config", "print")
+        assert first.returncode == 0, first.stderr
+        assert set(yaml.safe_load(first.stdout)) == set(cli.SUBCOMMANDS)
+        config = tmp_path / "printed.yaml"
+        config.write_text(first.stdout)
+        again = run("config", "print", "--config", str(config))
+        assert again.returncode == 0, again.stderr
+        assert yaml.safe_load(again.stdout) == yaml.safe_load(first.stdout)
+
+    def test_a_bad_value_is_refused_naming_its_key(self, tmp_path: Path):
+        config = tmp_path / "bad.yaml"
+        config.write_text("dispatcher:\n  stall-timeout: soon\n")
+        out = run("dispatcher", "--config", str(config))
+        assert out.returncode == 2
+        assert f"{config}: dispatcher.stall-timeout: expected a number, got 'soon'" in out.stderr
+        out = run("router", env={"SWITCHYARD_ROUTER_MODE": "best"})
+        assert out.returncode == 2
+        assert "SWITCHYARD_ROUTER_MODE: 'best' is not one of" in out.stderr
+
+
+class TestUpHandsTheConfigToItsChildren:
+    def test_flag_and_environment(self, tmp_path: Path):
+        from switchyard.stack import Launcher
+
+        config = tmp_path / "c.yaml"
+        config.write_text("router:\n  router-mode: random\nup:\n  log-format: json\n")
+        for argv, env in (
+            (["--config", str(config)], {}),
+            ([], {"SWITCHYARD_CONFIG": str(config)}),
+        ):
+            args, resolved = cli.resolve("up", argv, environ=env)
+            assert resolved["log-format"] == "json"
+            common = Launcher(args, None, tmp_path).common  # type: ignore[arg-type]
+            assert common[common.index("--config") + 1] == str(config)
+            assert common[common.index("--log-format") + 1] == "json"
