@@ -75,7 +75,9 @@ class ChatCompletionRequest:
     sampling: SamplingOptions
     stream: bool = False
     include_usage: bool = False
-    user: str | None = None  # the router's session key (sticks a conversation to a worker)
+    # The router's session key (sticks a conversation to a worker): prompt_cache_key, else
+    # safety_identifier, else user.
+    user: str | None = None
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: str | dict[str, Any] | None = None  # None: "auto" with tools, else "none"
     parallel_tool_calls: bool = True
@@ -167,7 +169,8 @@ def parse_chat_completion(body: bytes) -> ChatCompletionRequest:
         _sampling(raw, max_tokens),
         stream,
         include_usage,
-        raw.user,
+        # The router's session key: the client's cache key, else its end-user identifiers.
+        raw.prompt_cache_key or raw.safety_identifier or raw.user,
         tools,
         tool_choice,
         True if raw.parallel_tool_calls is None else raw.parallel_tool_calls,

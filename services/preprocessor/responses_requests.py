@@ -110,7 +110,7 @@ def parse_responses(body: bytes) -> ResponsesRequest:
         sampling,
         bool(raw.stream),
         False,
-        raw.user,
+        raw.prompt_cache_key or raw.safety_identifier or raw.user,  # the session key
         tools,
         tool_choice,
         parallel,

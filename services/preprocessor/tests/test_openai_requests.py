@@ -471,3 +471,18 @@ class TestCheckContext:
             check_context(10, 10, 15, param="prompt")
         assert info.value.param == "prompt"
         assert "(10 in the prompt, 10 in the completion)" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("fields", "key"),
+    [
+        ({"user": "u"}, "u"),
+        ({"user": "u", "safety_identifier": "s"}, "s"),
+        ({"user": "u", "safety_identifier": "s", "prompt_cache_key": "k"}, "k"),
+        ({}, None),
+    ],
+)
+def test_the_session_key_is_the_cache_key_else_the_end_user(
+    fields: dict[str, Any], key: str | None
+) -> None:
+    assert parse_chat_completion(chat(**fields)).user == key
