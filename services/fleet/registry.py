@@ -98,6 +98,9 @@ class Registry:
         self._specs = new
         return added, removed
 
+    def has(self, instance_id: int) -> bool:
+        return instance_id in self._specs
+
     def start_round(self) -> int:
         self._round += 1
         return self._round

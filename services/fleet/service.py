@@ -247,6 +247,12 @@ class FleetService:
             self._wake.clear()
             try:
                 await self._probe_all()
+            except asyncio.CancelledError:
+                if _cancelling():
+                    raise
+                # Not ours (a gRPC call cancelled under a probe): the loop must go on, or
+                # nothing is ever probed again.
+                log.exception("probe cycle cancelled from below")
             except Exception:
                 log.exception("probe cycle failed")
             if not self._probed and self._pods_listed():
@@ -264,6 +270,8 @@ class FleetService:
         specs = [s for s in self._registry.specs if self._next_probe.get(s.instance_id, 0) <= now]
         results = await asyncio.gather(*(self._probe_one(spec) for spec in specs))
         for spec, info in zip(specs, results, strict=True):
+            if not self._registry.has(spec.instance_id):
+                continue  # removed while its probe was in flight: no state left behind
             self._registry.record(spec.instance_id, round_, info)
             self._schedule(spec.instance_id, info is not None, now)
         await self._prober.retain({spec.url for spec in self._registry.specs})
@@ -360,7 +368,9 @@ class FleetService:
             len(removed),
         )
         for spec in removed:
-            self._failing.pop(spec.instance_id, None)
+            # A worker added again later starts afresh: probed at once, no backoff left over.
+            for table in (self._failing, self._next_probe, self._failures, self._first_probe):
+                table.pop(spec.instance_id, None)
         await self._prober.retain({spec.url for spec in specs})
         await self._publish()
         if added:
@@ -382,6 +392,11 @@ class FleetService:
             _log_event(event)
         if self._pub is not None:
             await self._pub.send(codec.encode(FleetUpdate(self._version, events)))
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _log_event(event: InstanceEvent) -> None:

@@ -126,27 +126,39 @@ class EngineClient(abc.ABC):
     proto: ClassVar[Any]
     stub: Any
 
-    async def health(self, timeout: float) -> bool:
+    def _closed(self) -> EngineError:
+        return EngineError(
+            errors.DISCONNECTED, "the channel to the engine was closed", self.instance_id
+        )
+
+    async def _rpc(self, method: Any, request: Any, timeout: float | None) -> Any:
+        """One unary call; every way it can fail is an EngineError. A channel closed under
+        the call (the instance was removed) is kind `disconnected`: grpc.aio raises
+        UsageError for a call on a closed channel and cancels the calls in flight, which
+        must not pass for the caller's own cancellation (it once killed fleet's probe loop)."""
         try:
-            reply = await self.stub.HealthCheck(self.proto.HealthCheckRequest(), timeout=timeout)
+            return await method(request, timeout=timeout)
         except grpc.aio.AioRpcError as exc:
             raise self._error(exc) from exc
+        except grpc.aio.UsageError:
+            raise self._closed() from None
+        except asyncio.CancelledError:
+            if _caller_cancelled():
+                raise
+            raise self._closed() from None
+
+    async def health(self, timeout: float) -> bool:
+        reply = await self._rpc(self.stub.HealthCheck, self.proto.HealthCheckRequest(), timeout)
         return bool(reply.healthy)
 
     async def _model_and_server_info(self, timeout: float) -> tuple[Any, Any]:
-        try:
-            proto = self.proto
-            model = await self.stub.GetModelInfo(proto.GetModelInfoRequest(), timeout=timeout)
-            server = await self.stub.GetServerInfo(proto.GetServerInfoRequest(), timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise self._error(exc) from exc
+        proto = self.proto
+        model = await self._rpc(self.stub.GetModelInfo, proto.GetModelInfoRequest(), timeout)
+        server = await self._rpc(self.stub.GetServerInfo, proto.GetServerInfoRequest(), timeout)
         return model, server
 
     async def load(self, timeout: float) -> EngineLoad:
-        try:
-            reply = await self.stub.GetLoads(self.proto.GetLoadsRequest(), timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise self._error(exc) from exc
+        reply = await self._rpc(self.stub.GetLoads, self.proto.GetLoadsRequest(), timeout)
         running = sum(load.num_running_reqs for load in reply.loads)
         waiting = sum(load.num_waiting_reqs for load in reply.loads)
         return EngineLoad(running, waiting)
@@ -215,10 +227,8 @@ class EngineClient(abc.ABC):
     def _call(self, built: Any) -> Any:
         try:
             return self.stub.Generate(built)
-        except grpc.aio.UsageError as exc:  # the channel was closed (instance removed)
-            raise EngineError(
-                errors.DISCONNECTED, f"channel closed: {exc}", self.instance_id
-            ) from exc
+        except grpc.aio.UsageError:  # the channel was closed (instance removed)
+            raise self._closed() from None
 
     async def _generate_plain(
         self, request: GenerateRequest, built: Any
@@ -247,9 +257,7 @@ class EngineClient(abc.ABC):
             if _caller_cancelled():
                 raise
             # grpc.aio cancels the calls of a channel that is closed under them.
-            raise EngineError(
-                errors.DISCONNECTED, "the channel to the engine was closed", self.instance_id
-            ) from None
+            raise self._closed() from None
         finally:
             call.cancel()
         raise EngineError(errors.DISCONNECTED, "stream ended without complete", self.instance_id)
@@ -315,9 +323,7 @@ class EngineClient(abc.ABC):
             if _caller_cancelled():
                 raise
             # grpc.aio cancels the calls of a channel that is closed under them.
-            raise EngineError(
-                errors.DISCONNECTED, "the channel to the engine was closed", self.instance_id
-            ) from None
+            raise self._closed() from None
         finally:
             call.cancel()
         raise EngineError(errors.DISCONNECTED, "stream ended without complete", self.instance_id)
@@ -326,12 +332,9 @@ class EngineClient(abc.ABC):
         self, request_id: str, token_ids: list[int], timeout: float | None = None
     ) -> Embedding:
         """One input's embedding (the Embed RPC). Raises EngineError."""
-        try:
-            reply = await self.stub.Embed(
-                self.build_embed_request(request_id, token_ids), timeout=timeout
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise self._error(exc) from exc
+        reply = await self._rpc(
+            self.stub.Embed, self.build_embed_request(request_id, token_ids), timeout
+        )
         vector = array.array("f", reply.embedding)
         dimensions = reply.embedding_dim or len(vector)
         if dimensions != len(vector):
@@ -358,6 +361,12 @@ class EngineClient(abc.ABC):
                     digest = chunk.sha256
         except grpc.aio.AioRpcError as exc:
             raise self._error(exc) from exc
+        except grpc.aio.UsageError:
+            raise self._closed() from None
+        except asyncio.CancelledError:
+            if _caller_cancelled():
+                raise
+            raise self._closed() from None
         data = b"".join(parts)
         if not digest or hashlib.sha256(data).hexdigest() != digest.lower():
             raise EngineError(
