@@ -114,8 +114,10 @@ class EngineClient(abc.ABC):
     def __init__(self, channel: grpc.aio.Channel, instance_id: int | None = None) -> None:
         self.channel = channel
         self.instance_id = instance_id
+        self.closed = False  # close() was called: every call on it fails (disconnected)
 
     async def close(self) -> None:
+        self.closed = True
         await self.channel.close()
 
     def _error(self, exc: BaseException) -> EngineError:
