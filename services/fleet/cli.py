@@ -12,6 +12,7 @@ import uvloop
 import zmq
 
 from switchyard.common import endpoints
+from switchyard.common.engines.tls import add_engine_tls_arguments, engine_tls_from_args
 from switchyard.common.logs import setup_logging
 from switchyard.common.metrics import add_metrics_arguments, serve_metrics
 from switchyard.common.ports import add_port_arguments, write_ready_file
@@ -93,6 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="give up on a probe after this long (default 2)",
     )
     k8s_cli.add_arguments(parser)
+    add_engine_tls_arguments(parser)
     add_metrics_arguments(parser)
     add_port_arguments(parser)
     parser.add_argument(
@@ -111,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(args: argparse.Namespace) -> int:
     try:
         pods = k8s_cli.pod_source(args)
+        tls = engine_tls_from_args(args)
     except ValueError as exc:
         log.error("fleet cannot start: %s", exc)
         return 2
@@ -123,6 +126,7 @@ async def _serve(args: argparse.Namespace) -> int:
         probe_timeout=args.probe_timeout,
         ports=args.port_range,
         pods=pods,
+        tls=tls,
     )
     try:
         await service.start()

@@ -1,12 +1,17 @@
-"""The HTTP edge: generation endpoints as plain ASGI, in front of the FastAPI app.
+"""The HTTP edge: access checks for every route, and generation endpoints as plain ASGI, in
+front of the FastAPI app.
 
-Through FastAPI every streamed chunk would pass the send wrappers of its middleware, and
-StreamingResponse (uvicorn speaks ASGI spec 2.3) runs an anyio task group per request. Here
-POST /v1/chat/completions and /v1/completions read their body (413 past --max-body-bytes) and
-go straight to the stages (stages/endpoints.serve), whose frames go straight to uvicorn's
-send. One plain task per request watches for the client going away, streaming or not: the
-request is then cancelled, which aborts its engine requests. Every other request, and the
-lifespan, is FastAPI's.
+Every request is checked first (auth.py): /v1 routes need a client key, the operator's routes
+the admin token (or the admin listener); a 401 costs nothing but the headers. Through FastAPI
+every streamed chunk would pass the send wrappers of its middleware, and StreamingResponse
+(uvicorn speaks ASGI spec 2.3) runs an anyio task group per request. Here POST
+/v1/chat/completions, /v1/completions and /v1/embeddings take a place in admission control
+(admission.py: 429 with Retry-After beyond its limits) before their body is read (413 past
+--max-body-bytes), then go straight to the stages (stages/endpoints.serve), whose frames go
+straight to uvicorn's send. One plain task per request watches for the client going away,
+waiting for a slot, streaming or not: the request is then cancelled, which aborts its engine
+requests. A request's deadline is --request-timeout, or shorter with the client's
+`request-timeout-ms` header. Every other request, and the lifespan, is FastAPI's.
 """
 
 from __future__ import annotations
@@ -19,7 +24,15 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from switchyard.preprocessor.errors import INVALID_REQUEST, RequestError
+from switchyard.preprocessor.admission import Admission
+from switchyard.preprocessor.auth import OPEN_PATHS, Access, KeyRing, is_admin_path
+from switchyard.preprocessor.errors import (
+    INVALID_REQUEST,
+    AuthenticationError,
+    RateLimitError,
+    RequestError,
+    error_body,
+)
 from switchyard.preprocessor.stages.context import CHAT, COMPLETIONS, EMBEDDINGS, Deps
 from switchyard.preprocessor.stages.endpoints import serve
 
@@ -41,6 +54,7 @@ STREAM_HEADERS = [
 ]
 JSON_HEADERS = [(b"content-type", b"application/json")]
 CLIENT_GONE = 499  # the status counted for a request whose client went away
+TIMEOUT_HEADER = b"request-timeout-ms"  # the client's deadline (the openai SDK's proposal)
 
 
 class ClientGone(Exception):
@@ -66,42 +80,136 @@ class AsgiOut:
         self.done = True
         await self._send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def respond(self, status: int, body: bytes) -> None:
+    async def respond(
+        self, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
         self.done = True
         headers = JSON_HEADERS + [(b"content-length", str(len(body)).encode())]
+        if extra:
+            headers += extra
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+def error_headers(exc: RequestError) -> list[tuple[bytes, bytes]]:
+    if isinstance(exc, RateLimitError):
+        return [(b"retry-after", str(exc.retry_after).encode())]
+    if isinstance(exc, AuthenticationError):
+        return [(b"www-authenticate", b'Bearer realm="switchyard"')]
+    return []
+
+
+async def respond_error(send: Send, exc: RequestError) -> None:
+    await AsgiOut(send).respond(exc.status, exc.body(), error_headers(exc))
+
+
 class Edge:
-    def __init__(self, app: FastAPI, deps: Deps | None, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        app: FastAPI,
+        deps: Deps | None,
+        max_body_bytes: int,
+        access: Access | None = None,
+        admission: Admission | None = None,
+        request_timeout: float = 0.0,
+    ) -> None:
         self.app = app
         self.deps = deps
         self.max_body_bytes = max_body_bytes
+        self.access = access or Access(KeyRing())
+        self.admission = admission or Admission()
+        self.request_timeout = request_timeout  # seconds; 0: no deadline
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            endpoint = GENERATION_PATHS.get(scope["path"])
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        access = self.access
+        if path in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        server = scope.get("server")
+        if access.admin_port is not None and server and server[1] == access.admin_port:
+            if is_admin_path(path):
+                await self.app(scope, receive, send)
+            else:  # the admin listener serves the operator's routes only
+                body = error_body(
+                    f"{path} is not served on the admin listener.", INVALID_REQUEST, "not_found"
+                )
+                await AsgiOut(send).respond(404, body)
+            return
+        key = None
+        try:
+            if path.startswith("/v1/"):
+                key = access.client(scope["headers"])
+            elif is_admin_path(path):
+                access.admin(scope["headers"])
+        except AuthenticationError as exc:
+            await respond_error(send, exc)
+            return
+        if scope["method"] == "POST":
+            endpoint = GENERATION_PATHS.get(path)
             if endpoint is not None:
-                await self._generate(endpoint, receive, send)
+                await self._generate(endpoint, key, scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
-    async def _generate(self, endpoint: str, receive: Receive, send: Send) -> None:
+    def _timeout(self, scope: Scope) -> float:
+        """The request's deadline: --request-timeout, or the client's shorter one."""
+        server = self.request_timeout
+        for name, value in scope["headers"]:
+            if name == TIMEOUT_HEADER:
+                try:
+                    client = float(value) / 1000.0
+                except ValueError:
+                    client = -1.0
+                if not 0 < client < float("inf"):
+                    raise RequestError(
+                        400,
+                        "The request-timeout-ms header must be a positive number of milliseconds.",
+                        INVALID_REQUEST,
+                        "invalid_value",
+                        "request-timeout-ms",
+                    )
+                return min(server, client) if server else client
+        return server
+
+    async def _generate(
+        self, endpoint: str, key: bytes | None, scope: Scope, receive: Receive, send: Send
+    ) -> None:
         received = time.perf_counter()
         http = AsgiOut(send)
-        try:
-            body = await self._body(receive)
-        except ClientGone:
-            return
-        except RequestError as exc:
-            await http.respond(exc.status, exc.body())
-            return
         deps = self.deps
         assert deps is not None
-        status = await _until_client_leaves(
-            serve(deps, endpoint, body, received, http), receive, http
-        )
+        try:
+            timeout = self._timeout(scope)
+            ticket = self.admission.enter(key)
+        except RequestError as exc:
+            await respond_error(send, exc)
+            deps.metrics.requests.labels(endpoint, str(exc.status)).inc()
+            return
+        try:
+            try:
+                body = await self._body(receive)
+            except ClientGone:
+                return
+            except RequestError as exc:
+                await http.respond(exc.status, exc.body())
+                return
+
+            async def answer() -> int:
+                try:
+                    await ticket.wait()
+                except RequestError as exc:  # the queue timed out, or shutting down
+                    await http.respond(exc.status, exc.body(), error_headers(exc))
+                    return exc.status
+                assert deps is not None
+                return await serve(deps, endpoint, body, received, http, timeout)
+
+            status = await _until_client_leaves(answer(), receive, http)
+        finally:
+            ticket.release()
         deps.metrics.requests.labels(endpoint, str(status)).inc()
 
     async def _body(self, receive: Receive) -> bytes:

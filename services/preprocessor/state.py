@@ -11,8 +11,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
+import zmq.asyncio
 
+from switchyard.common.engines.tls import EngineTls
+from switchyard.common.fleet_admin import fleet_admin
 from switchyard.common.fleet_client import FleetClient
+from switchyard.preprocessor.admission import Admission
+from switchyard.preprocessor.admission import Limits as AdmissionLimits
+from switchyard.preprocessor.auth import Access, KeyRing
 from switchyard.preprocessor.catalog import ModelEntry, build_catalog
 from switchyard.preprocessor.dispatcher_client import DispatcherClient
 from switchyard.preprocessor.metrics import PreprocessorMetrics
@@ -22,6 +28,7 @@ from switchyard.preprocessor.stages.context import Deps, Limits
 from switchyard.preprocessor.stages.timing import StageTimer
 from switchyard.preprocessor.tokenizer import OFFLOAD_CHARS, TokenizerBundle
 from switchyard.preprocessor.tokenizer_source import ModelTokenizers
+from switchyard.protos.messages import WorkerAdminReply, WorkerAdminRequest
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +53,11 @@ class PreprocessorConfig:
     tokenize_offload_chars: int = OFFLOAD_CHARS
     listen_when_ready_s: float = 0.0  # >0: start listening once ready (or after this long)
     stage_timing: bool = False
+    engine_tls: EngineTls | None = None  # grpcs:// engines (GetTokenizer)
+    request_timeout: float = 0.0  # a request's total deadline (0: none)
+    admission: AdmissionLimits = field(default_factory=AdmissionLimits)
+    shutdown_grace: float = 30.0  # SIGTERM: in-flight requests may finish this long
+    admin_timeout: float = 5.0  # for fleet to answer an admin call
 
     def __post_init__(self) -> None:
         if not self.dispatchers or not self.routers:
@@ -58,12 +70,17 @@ class PreprocessorConfig:
             raise ValueError("--migration-limit must be >= 0")
         if self.tokenize_offload_chars < 0:
             raise ValueError("--tokenize-offload-chars must be >= 0")
+        if not 0 <= self.request_timeout < float("inf"):
+            raise ValueError("--request-timeout must be >= 0 (0: no deadline)")
+        if not 0 <= self.shutdown_grace < float("inf"):
+            raise ValueError("--shutdown-grace must be >= 0")
 
 
 @dataclass
 class PreprocessorState:
     config: PreprocessorConfig
     catalog: dict[str, ModelEntry] = field(default_factory=dict)
+    access: Access = field(default_factory=lambda: Access(KeyRing()))
 
     def __post_init__(self) -> None:
         cfg = self.config
@@ -73,8 +90,11 @@ class PreprocessorState:
         self.dispatcher = DispatcherClient(cfg.dispatchers, cfg.dispatcher_wait)
         self._parser_choices: dict[tuple[str, int], ParserChoice] = {}
         self.tokenizers = ModelTokenizers(
-            lambda: self.fleet.instances, cfg.tokenizer_dir, cfg.tokenizer_dirs
+            lambda: self.fleet.instances, cfg.tokenizer_dir, cfg.tokenizer_dirs, tls=cfg.engine_tls
         )
+        self.admission = Admission(cfg.admission)
+        self._zmq = zmq.asyncio.Context()  # the admin calls' sockets
+        self._tasks: list[asyncio.Task[None]] = []
         self.deps = Deps(
             router=self.router,
             dispatcher=self.dispatcher,
@@ -112,6 +132,12 @@ class PreprocessorState:
     def _on_change(self, events: object) -> None:
         self.catalog = build_catalog(self.fleet.instances)
         self.tokenizers.sync(self.catalog)
+
+    async def admin(self, request: WorkerAdminRequest) -> WorkerAdminReply:
+        """One call to fleet's admin API (FleetAdminError when fleet does not answer)."""
+        return await fleet_admin(
+            self._zmq, self.config.fleet_control, request, self.config.admin_timeout
+        )
 
     def not_ready_reason(self) -> str:
         """Ready when some served model can be served (has its tokenizer)."""
@@ -157,11 +183,17 @@ class PreprocessorState:
         await self.fleet.start()
         self.catalog = build_catalog(self.fleet.instances)
         self.tokenizers.sync(self.catalog)
+        if self.access.keys.file is not None:
+            self._tasks.append(asyncio.create_task(self.access.keys.watch(), name="api-keys"))
         if self.config.listen_when_ready_s > 0:
             await self._until_ready(self.config.listen_when_ready_s)
         try:
             yield
         finally:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._zmq.term()
             await self.tokenizers.close()
             await self.fleet.close()
             await self.router.close()

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 
 from switchyard.common import endpoints
+from switchyard.common.engines.tls import add_engine_tls_arguments, engine_tls_from_args
 from switchyard.common.logs import setup_logging
 from switchyard.common.metrics import add_metrics_arguments, serve_metrics
 from switchyard.common.ports import add_port_arguments, write_ready_file
@@ -50,6 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=600.0,
         help="seconds after which an unfinished request stops counting as load",
     )
+    add_engine_tls_arguments(parser)  # SubscribeKvEvents over grpcs://
     add_metrics_arguments(parser)
     add_port_arguments(parser)
     parser.add_argument("--log-level", default="INFO")
@@ -58,6 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     setup_logging("router", args.log_level)
     kv_params = KvParams(args.kv_overlap_weight, args.kv_temperature)
+    try:
+        tls = engine_tls_from_args(args)
+    except ValueError as exc:
+        raise SystemExit(f"router: {exc}") from None
 
     async def main(stop: asyncio.Event) -> None:
         core = RouterCore(
@@ -65,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
             InFlightTracker(args.request_ttl),
             disagg_min_uncached_tokens=args.disagg_min_uncached_tokens,
         )
-        service = RouterService(core, args.bind, args.fleet_control, args.fleet_events)
+        service = RouterService(core, args.bind, args.fleet_control, args.fleet_events, tls=tls)
         metrics_port = serve_metrics(
             service.metrics.registry, args.metrics_host, args.metrics_port, args.port_range
         )

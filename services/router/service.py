@@ -11,6 +11,8 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
+from switchyard.common.engines.connect import client_for
+from switchyard.common.engines.tls import EngineTls
 from switchyard.common.fleet_client import FleetClient
 from switchyard.common.messaging import LoopSocket, bound_endpoint, decode_routed, new_socket
 from switchyard.common.ports import PortRange
@@ -40,6 +42,7 @@ class RouterService:
         fleet_events: str,
         metrics: RouterMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        tls: EngineTls | None = None,
     ) -> None:
         self.core = core
         self.bind = bind
@@ -48,7 +51,13 @@ class RouterService:
         self._ctx = zmq.asyncio.Context()
         # Only KV-aware routing needs the engines' events.
         self.ingestor = (
-            KvIngestor(core.index, context=self._ctx) if core.policy.needs_overlap else None
+            KvIngestor(
+                core.index,
+                context=self._ctx,
+                open_client=lambda i: client_for(i.protocol, i.url, i.instance_id, tls),
+            )
+            if core.policy.needs_overlap
+            else None
         )
         self.fleet = FleetClient(fleet_control, fleet_events, on_change=self._on_fleet_change)
         self._sock: LoopSocket | None = None

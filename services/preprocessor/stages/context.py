@@ -21,6 +21,7 @@ from switchyard.preprocessor.openai_requests import (
 from switchyard.preprocessor.parsers import ParserChoice
 from switchyard.preprocessor.reply_queue import ReplyQueue
 from switchyard.preprocessor.stages.timing import StageTimer
+from switchyard.preprocessor.stages.watchdog import Shutdown
 from switchyard.preprocessor.tokenizer import TokenizerBundle
 from switchyard.protos.messages import Instance, SamplingParams
 
@@ -62,6 +63,7 @@ class Deps:
     metrics: PreprocessorMetrics
     limits: Limits = Limits()
     timer: StageTimer | None = None  # --stage-timing: a benchmark mode
+    shutdown: Shutdown = field(default_factory=Shutdown)  # every running request's watchdog
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,7 @@ class RequestInput:
     request: ChatCompletionRequest | CompletionRequest | EmbeddingRequest
     received: float  # time.perf_counter() when the body was read
     created: int  # unix seconds, for the response's `created`
+    timeout: float = 0.0  # the request's deadline, seconds after `received` (0: none)
 
 
 @dataclass(slots=True)

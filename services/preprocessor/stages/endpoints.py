@@ -13,6 +13,7 @@ the first byte of the answer, an error event inside a stream after it.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import time
 import uuid
@@ -20,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
 from switchyard.preprocessor import sse
-from switchyard.preprocessor.errors import as_request_error
+from switchyard.preprocessor.errors import DeadlineExceededError, as_request_error
 from switchyard.preprocessor.openai_requests import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -96,14 +97,16 @@ async def run_stages(ctx: RequestContext, stages: tuple[Stage, ...]) -> None:
             timer.add(stage.name, time.perf_counter() - t0)
 
 
-def parse(deps: Deps, endpoint: str, body: bytes, received: float) -> RequestContext:
+def parse(
+    deps: Deps, endpoint: str, body: bytes, received: float, timeout: float = 0.0
+) -> RequestContext:
     t0 = time.perf_counter()
     request = PARSE[endpoint](body)
     if deps.timer is not None:
         deps.timer.add("parse", time.perf_counter() - t0)
     request_id = f"{ID_PREFIX[endpoint]}-{uuid.uuid4().hex}"
     return RequestContext(
-        RequestInput(endpoint, request_id, request, received, int(time.time())), deps
+        RequestInput(endpoint, request_id, request, received, int(time.time()), timeout), deps
     )
 
 
@@ -223,22 +226,47 @@ async def finish(ctx: RequestContext, sink: StreamSink | CollectSink) -> None:
         ctx.deps.timer.add("finish", time.perf_counter() - t0)
 
 
-async def serve(deps: Deps, endpoint: str, body: bytes, received: float, http: HttpOut) -> int:
+def _check_deadline(ctx: RequestContext) -> None:
+    timeout = ctx.inp.timeout
+    if timeout and time.perf_counter() - ctx.inp.received >= timeout:
+        raise DeadlineExceededError(timeout)
+
+
+async def _embed(ctx: RequestContext, http: HttpOut) -> None:
+    timeout = ctx.inp.timeout
+    if not timeout:
+        await embed_stages.respond(ctx, await embed_stages.embed(ctx), http)
+        return
+    left = timeout - (time.perf_counter() - ctx.inp.received)
+    try:
+        async with asyncio.timeout(max(0.0, left)):
+            result = await embed_stages.embed(ctx)
+    except TimeoutError:
+        raise DeadlineExceededError(timeout) from None
+    await embed_stages.respond(ctx, result, http)
+
+
+async def serve(
+    deps: Deps, endpoint: str, body: bytes, received: float, http: HttpOut, timeout: float = 0.0
+) -> int:
     """Answer one generation request on `http`; returns the HTTP status (200 once a stream
-    started, whatever happened in it)."""
+    started, whatever happened in it). `timeout`: the request's deadline in seconds after
+    `received` (0: none); past it the engine requests are aborted and the client gets a 504
+    (an error event once the stream started)."""
     ctx: RequestContext | None = None
     sink: StreamSink | CollectSink | None = None
     try:
-        ctx = parse(deps, endpoint, body, received)
+        ctx = parse(deps, endpoint, body, received, timeout)
         await run_stages(ctx, PROMPT_STAGES[endpoint])
         if endpoint == EMBEDDINGS:
             deps.metrics.active.inc()
             try:
-                await embed_stages.respond(ctx, await embed_stages.embed(ctx), http)
+                await _embed(ctx, http)
             finally:
                 deps.metrics.active.dec()
             return 200
         await generate(ctx)
+        _check_deadline(ctx)  # routing or a dispatcher wait may have used it up
         sink = sink_for(ctx, http)
         deps.metrics.active.inc()
         try:

@@ -51,7 +51,7 @@ def served(monkeypatch):
     seen: list[tuple[str, bytes]] = []
     state = {"behaviour": None}
 
-    async def serve(deps, endpoint, body, received, out):
+    async def serve(deps, endpoint, body, received, out, timeout=0.0):
         seen.append((endpoint, body))
         return await state["behaviour"](out)
 
