@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 KEYS_ENV = "SWITCHYARD_API_KEYS"
 ADMIN_TOKEN_ENV = "SWITCHYARD_ADMIN_TOKEN"
 RELOAD_INTERVAL_S = 1.0
-ADMIN_PREFIXES = ("/ready", "/metrics", "/debug/", "/admin/")
+ADMIN_PREFIXES = ("/debug/", "/admin/")
 OPEN_PATHS = ("/health",)
 
 
