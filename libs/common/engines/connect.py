@@ -45,19 +45,29 @@ def client_for(
 
 
 _TLS_HINTS = ("ssl", "tls", "handshake", "certificate", "x509")
+# A TLS 1.3 server that refuses the client's certificate (or has none) closes the connection
+# after the handshake: the client only sees the socket closed.
+_CLOSED_HINTS = ("socket closed", "connection reset")
 
 
 def _tls_failure(url: str, exc: EngineError) -> EngineError:
     """A cannot-connect on a grpcs:// URL that the transport blames on TLS, said plainly."""
     text = exc.message.lower()
-    if exc.kind != errors.CANNOT_CONNECT or not any(h in text for h in _TLS_HINTS):
+    if exc.kind != errors.CANNOT_CONNECT:
         return exc
-    return EngineError(
-        exc.kind,
-        f"TLS to {url} failed (does the engine serve TLS, with a certificate --engine-ca "
-        f"trusts, for this host or --engine-server-name?): {exc.message}",
-        exc.instance_id,
-    )
+    if any(h in text for h in _TLS_HINTS):
+        why = (
+            "does the engine serve TLS, with a certificate --engine-ca trusts, for this host "
+            "or --engine-server-name?"
+        )
+    elif any(h in text for h in _CLOSED_HINTS):
+        why = (
+            "the engine closed the connection: does it want a client certificate "
+            "(--engine-cert/--engine-key) or plaintext (grpc://)?"
+        )
+    else:
+        return exc
+    return EngineError(exc.kind, f"TLS to {url} failed ({why}): {exc.message}", exc.instance_id)
 
 
 async def connect(
