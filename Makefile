@@ -80,3 +80,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/faults.py
 	$(BIN)/python bench/disagg.py
 	$(BIN)/python bench/hops.py
+	$(BIN)/python bench/overload.py
