@@ -9,7 +9,10 @@ stream of `--max-tokens` tokens. Per level:
   goodput      completed requests (and tokens) per second
   429 rate     the share of offered requests answered 429 (each with Retry-After)
   5xx          any other failure (should be 0)
-  TTFT p50/p99 of the admitted requests (their wait in the queue included)
+  TTFT p50/p99 of the admitted requests (their wait in the queue included), as the client
+               sees it, and the p99 the preprocessor measured (from its histogram: the upper
+               bound of the bucket; from the request's headers being read, so without the
+               client's and the accept queue's delays)
   memory       the preprocessor's peak RSS so far (VmHWM), and the stack's RSS peak sampled
                during the level (every process of `up`)
 
@@ -30,6 +33,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -55,6 +59,7 @@ class Level:
     seconds: float = 0.0
     preprocessor_peak_mib: float = 0.0
     stack_rss_peak_mib: float = 0.0
+    server_ttft_p99_s: float = 0.0
 
     def row(self) -> dict[str, float | int | str]:
         return {
@@ -69,9 +74,35 @@ class Level:
             "first_failure": self.first_failure,
             "ttft_p50_ms": round(pct(self.ttfts, 0.5) * 1e3, 1) if self.ttfts else 0.0,
             "ttft_p99_ms": round(pct(self.ttfts, 0.99) * 1e3, 1) if self.ttfts else 0.0,
+            "server_ttft_p99_le_s": self.server_ttft_p99_s,
             "preprocessor_peak_mib": round(self.preprocessor_peak_mib, 1),
             "stack_rss_peak_mib": round(self.stack_rss_peak_mib, 1),
         }
+
+
+TTFT_METRIC = "switchyard_preprocessor_time_to_first_token_seconds_bucket"
+
+
+def ttft_buckets(base: str) -> dict[float, float]:
+    """The preprocessor's TTFT histogram: upper bound -> cumulative count."""
+    text = httpx.get(base + "/metrics", timeout=10).text
+    out: dict[float, float] = {}
+    for line in text.splitlines():
+        if line.startswith(TTFT_METRIC):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            out[float("inf") if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def p99_bound(before: dict[float, float], after: dict[float, float]) -> float:
+    """The upper bound of the bucket holding the 99th percentile of what was added."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = counts[-1] if counts else 0.0
+    for bound, count in zip(bounds, counts, strict=True):
+        if total and count >= 0.99 * total:
+            return bound
+    return 0.0
 
 
 def status_kib(pid: int, key: str) -> int:
@@ -86,46 +117,101 @@ def stack_rss_mib(root: int) -> float:
     return sum(status_kib(pid, "VmRSS:") for pid in tree(root, children_map())) / 1024
 
 
-async def one(http: httpx.AsyncClient, n: int, max_tokens: int, level: Level) -> None:
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": f"overload request {n}: a shunting plan"}],
-        "max_tokens": max_tokens,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "ignore_eos": True,
-    }
+class Reply:
+    """One HTTP/1.1 exchange on its own connection (`Connection: close`): a load generator
+    needs no pool (httpx's grows slow with hundreds of requests waiting in it)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.status = 0
+        self.headers: dict[str, str] = {}
+
+    @classmethod
+    async def post(cls, host: str, port: int, path: str, body: bytes) -> Reply:
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(
+            f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
+            + body
+        )
+        reply = cls(reader, writer)
+        status = await reader.readline()
+        reply.status = int(status.split()[1])
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            reply.headers[name.strip().lower()] = value.strip()
+        return reply
+
+    async def lines(self):  # type: ignore[no-untyped-def]
+        """The body's lines (chunked or not)."""
+        pending = b""
+        chunked = self.headers.get("transfer-encoding") == "chunked"
+        while True:
+            if chunked:
+                size = int((await self.reader.readline()).strip() or b"0", 16)
+                if size == 0:
+                    break
+                data = await self.reader.readexactly(size + 2)
+                pending += data[:-2]
+            else:
+                data = await self.reader.read(65536)
+                if not data:
+                    break
+                pending += data
+            *done, pending = pending.split(b"\n")
+            for line in done:
+                yield line.decode()
+        if pending:
+            yield pending.decode()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def one(target: tuple[str, int], n: int, max_tokens: int, level: Level) -> None:
+    body = orjson.dumps(
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": f"overload request {n}: a shunting plan"}],
+            "max_tokens": max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": True,
+        }
+    )
     t0 = time.perf_counter()
     first = None
     tokens = 0
+    reply = None
     try:
-        async with http.stream("POST", "/v1/chat/completions", json=body) as reply:
-            if reply.status_code == 429:
-                level.limited += 1
-                if not reply.headers.get("retry-after"):
-                    level.retry_after_missing += 1
-                await reply.aread()
-                return
-            if reply.status_code != 200:
+        reply = await Reply.post(*target, "/v1/chat/completions", body)
+        if reply.status == 429:
+            level.limited += 1
+            if not reply.headers.get("retry-after"):
+                level.retry_after_missing += 1
+            return
+        if reply.status != 200:
+            level.failed += 1
+            level.first_failure = level.first_failure or f"{reply.status}"
+            return
+        async for line in reply.lines():
+            if not line.startswith("data: {"):
+                continue
+            if '"error"' in line:
                 level.failed += 1
-                level.first_failure = level.first_failure or f"{reply.status_code}"
-                await reply.aread()
+                level.first_failure = level.first_failure or line[:200]
                 return
-            async for line in reply.aiter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                if '"error"' in line:
-                    level.failed += 1
-                    level.first_failure = level.first_failure or line[:200]
-                    return
-                if first is None and '"content":"' in line and '"content":""' not in line:
-                    first = time.perf_counter() - t0
-                if '"usage":{' in line:
-                    tokens = orjson.loads(line[6:])["usage"]["completion_tokens"]
-    except httpx.HTTPError as exc:
+            if first is None and '"content":"' in line and '"content":""' not in line:
+                first = time.perf_counter() - t0
+            if '"usage":{' in line:
+                tokens = orjson.loads(line[6:])["usage"]["completion_tokens"]
+    except (OSError, ValueError, asyncio.IncompleteReadError) as exc:
         level.failed += 1
         level.first_failure = level.first_failure or repr(exc)
         return
+    finally:
+        if reply is not None:
+            reply.close()
     if tokens != max_tokens:
         level.failed += 1
         level.first_failure = level.first_failure or f"{tokens} of {max_tokens} tokens"
@@ -136,23 +222,28 @@ async def one(http: httpx.AsyncClient, n: int, max_tokens: int, level: Level) ->
         level.ttfts.append(first)
 
 
+def target_of(base: str) -> tuple[str, int]:
+    parts = urlsplit(base)
+    assert parts.hostname and parts.port
+    return parts.hostname, parts.port
+
+
 async def capacity(base: str, slots: int, seconds: float, max_tokens: int) -> float:
     """Completed requests per second with `slots` clients back to back."""
     probe = Level(load=1.0, rate=0.0)
-    limits = httpx.Limits(max_connections=slots + 4)
-    async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as http:
-        loop = asyncio.get_running_loop()
-        end = loop.time() + seconds
+    target = target_of(base)
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
 
-        async def client(k: int) -> None:
-            n = 0
-            while loop.time() < end:
-                await one(http, k * 100_000 + n, max_tokens, probe)
-                n += 1
+    async def client(k: int) -> None:
+        n = 0
+        while loop.time() < end:
+            await one(target, k * 100_000 + n, max_tokens, probe)
+            n += 1
 
-        t0 = loop.time()
-        await asyncio.gather(*(client(k) for k in range(slots)))
-        elapsed = loop.time() - t0
+    t0 = loop.time()
+    await asyncio.gather(*(client(k) for k in range(slots)))
+    elapsed = loop.time() - t0
     if probe.failed or not probe.completed:
         raise RuntimeError(f"capacity run failed: {probe.first_failure or 'nothing completed'}")
     return probe.completed / elapsed
@@ -163,28 +254,27 @@ async def offer(
 ) -> None:
     up_pid, pre_pid = pids
     rng = random.Random(seed)
-    limits = httpx.Limits(max_connections=2048, max_keepalive_connections=256)
-    async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as http:
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        end = t0 + seconds
-        tasks: list[asyncio.Task[None]] = []
-        sample_at = t0
-        at = t0
-        while True:
-            at += rng.expovariate(level.rate)
-            if at >= end:
-                break
-            delay = at - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            level.offered += 1
-            tasks.append(asyncio.create_task(one(http, level.offered, max_tokens, level)))
-            if loop.time() >= sample_at:
-                level.stack_rss_peak_mib = max(level.stack_rss_peak_mib, stack_rss_mib(up_pid))
-                sample_at = loop.time() + 0.5
-        await asyncio.gather(*tasks)
-        level.seconds = loop.time() - t0
+    target = target_of(base)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    end = t0 + seconds
+    tasks: list[asyncio.Task[None]] = []
+    sample_at = t0
+    at = t0
+    while True:
+        at += rng.expovariate(level.rate)
+        if at >= end:
+            break
+        delay = at - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        level.offered += 1
+        tasks.append(asyncio.create_task(one(target, level.offered, max_tokens, level)))
+        if loop.time() >= sample_at:
+            level.stack_rss_peak_mib = max(level.stack_rss_peak_mib, stack_rss_mib(up_pid))
+            sample_at = loop.time() + 0.5
+    await asyncio.gather(*tasks)
+    level.seconds = loop.time() - t0
     level.stack_rss_peak_mib = max(level.stack_rss_peak_mib, stack_rss_mib(up_pid))
     level.preprocessor_peak_mib = status_kib(pre_pid, "VmHWM:") / 1024
 
@@ -194,15 +284,17 @@ def table(levels: list[Level], header: str) -> str:
         header,
         "",
         "| load | offered/s | goodput req/s | goodput tok/s | 429 rate | 5xx / errors "
-        "| TTFT p50 ms | TTFT p99 ms | preprocessor peak MiB | stack RSS peak MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| TTFT p50 ms | TTFT p99 ms | server TTFT p99 <= s | preprocessor peak MiB "
+        "| stack RSS peak MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for level in levels:
         r = level.row()
         lines.append(
             f"| {r['load']:g}x | {r['offered_per_s']} | {r['goodput_req_s']} | "
             f"{r['goodput_tok_s']} | {r['rate_429']:.1%} | {r['failed']} | {r['ttft_p50_ms']} | "
-            f"{r['ttft_p99_ms']} | {r['preprocessor_peak_mib']} | {r['stack_rss_peak_mib']} |"
+            f"{r['ttft_p99_ms']} | {r['server_ttft_p99_le_s']:g} | {r['preprocessor_peak_mib']} | "
+            f"{r['stack_rss_peak_mib']} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -236,11 +328,13 @@ def main() -> int:
         results = []
         for n, load in enumerate(levels):
             level = Level(load=load, rate=load * r)
+            before = ttft_buckets(base)
             asyncio.run(
                 offer(
                     base, level, args.seconds, args.max_tokens, (proc.pid, pre_pid), args.seed + n
                 )
             )
+            level.server_ttft_p99_s = p99_bound(before, ttft_buckets(base))
             print(json.dumps(level.row()), flush=True)
             results.append(level)
     finally:
