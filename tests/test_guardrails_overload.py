@@ -47,6 +47,12 @@ async def offered(base: str, seconds: float) -> list[tuple[int, str | None, dict
     return out
 
 
+def rejections(base: str) -> float:
+    text = httpx.get(base + "/metrics", timeout=10).text
+    found = re.findall(r"^switchyard_preprocessor_admission_rejected_total\S* (\S+)$", text, re.M)
+    return sum(float(n) for n in found)
+
+
 class TestOverload:
     def test_ten_times_capacity(self):
         with running_stack(
@@ -58,8 +64,11 @@ class TestOverload:
             pid = stack.pid("preprocessor")
             asyncio.run(offered(stack.base_url, 1.0))  # warm up: tokenizer, allocator
             before = peak_rss_kib(pid)
+            rejected_before = rejections(stack.base_url)
             replies = asyncio.run(offered(stack.base_url, 6.0))
             after = peak_rss_kib(pid)
+            rejected = rejections(stack.base_url) - rejected_before
+        assert rejected == sum(1 for s, _, _ in replies if s == 429)  # and /metrics says so
         statuses = [status for status, _, _ in replies]
         assert set(statuses) <= {200, 429}, sorted(set(statuses))
         admitted = [body for status, _, body in replies if status == 200]

@@ -182,3 +182,27 @@ class Admission:
             assert waiter._waiter is not None
             if not waiter._waiter.done():
                 waiter._waiter.set_result(None)
+
+
+class AdmissionCollector:
+    """Prometheus view of an Admission, read at scrape time (nothing counted per request):
+    running and queued requests, and rejections by reason."""
+
+    def __init__(self, admission: Admission) -> None:
+        self._admission = admission
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        a = self._admission
+        prefix = "switchyard_preprocessor_admission"
+        yield GaugeMetricFamily(f"{prefix}_running", "requests holding a slot", value=a.running)
+        yield GaugeMetricFamily(f"{prefix}_queued", "requests waiting for a slot", value=a.queued)
+        rejected = CounterMetricFamily(
+            f"{prefix}_rejected",
+            "requests answered 429 (queue_full, queue_timeout, per_key)",
+            labels=["reason"],
+        )
+        for reason in ("queue_full", "queue_timeout", "per_key"):
+            rejected.add_metric([reason], a.rejections[reason])
+        yield rejected

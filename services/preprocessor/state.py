@@ -16,7 +16,7 @@ import zmq.asyncio
 from switchyard.common.engines.tls import EngineTls
 from switchyard.common.fleet_admin import fleet_admin
 from switchyard.common.fleet_client import FleetClient
-from switchyard.preprocessor.admission import Admission
+from switchyard.preprocessor.admission import Admission, AdmissionCollector
 from switchyard.preprocessor.admission import Limits as AdmissionLimits
 from switchyard.preprocessor.auth import Access, KeyRing
 from switchyard.preprocessor.catalog import ModelEntry, build_catalog
@@ -93,7 +93,8 @@ class PreprocessorState:
             lambda: self.fleet.instances, cfg.tokenizer_dir, cfg.tokenizer_dirs, tls=cfg.engine_tls
         )
         self.admission = Admission(cfg.admission)
-        self._zmq = zmq.asyncio.Context()  # the admin calls' sockets
+        self.metrics.registry.register(AdmissionCollector(self.admission))
+        self._zmq: zmq.asyncio.Context | None = None  # the admin calls' sockets (lazily)
         self._tasks: list[asyncio.Task[None]] = []
         self.deps = Deps(
             router=self.router,
@@ -135,6 +136,8 @@ class PreprocessorState:
 
     async def admin(self, request: WorkerAdminRequest) -> WorkerAdminReply:
         """One call to fleet's admin API (FleetAdminError when fleet does not answer)."""
+        if self._zmq is None:
+            self._zmq = zmq.asyncio.Context()
         return await fleet_admin(
             self._zmq, self.config.fleet_control, request, self.config.admin_timeout
         )
@@ -193,7 +196,8 @@ class PreprocessorState:
             for task in self._tasks:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
-            self._zmq.term()
+            if self._zmq is not None:
+                self._zmq.term()
             await self.tokenizers.close()
             await self.fleet.close()
             await self.router.close()
