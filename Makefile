@@ -83,3 +83,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/hops.py
 	$(BIN)/python bench/operability.py
 	$(BIN)/python bench/startup.py
+	$(BIN)/python bench/overload.py

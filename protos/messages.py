@@ -4,6 +4,7 @@ Every message is a tagged msgspec Struct, msgpack-encoded on ZMQ. Tags are short
 per-token messages (`TokenDelta`) are on the hot path. Channels:
 
     fleet      ROUTER  <- SnapshotRequest, InstanceDownReport      -> Snapshot, Ack
+                       <- WorkerAdminRequest                       -> WorkerAdminReply
     fleet      PUB     -> FleetUpdate (ordered by version)
     router     ROUTER  <- RouteRequest, RouteProgress              -> RouteResponse
     dispatcher ROUTER  <- GenerateRequest, CancelRequest           -> TokenDelta, GenerateFinished,
@@ -104,8 +105,41 @@ class Ack(msgspec.Struct, frozen=True, tag="ack"):
     pass
 
 
-FleetControlRequest = SnapshotRequest | InstanceDownReport
-FleetControlReply = Snapshot | Ack
+# The admin API (fleet owns it; the preprocessor serves it over HTTP). Actions: list, add
+# (`entry`: a workers-file entry, a URL string with options or a mapping), remove, drain,
+# resume (`worker`: an instance id in decimal, or a URL).
+ADMIN_ACTIONS = ("list", "add", "remove", "drain", "resume")
+
+
+class WorkerAdminRequest(msgspec.Struct, frozen=True, kw_only=True, tag="worker_admin"):
+    action: str
+    worker: str = ""
+    entry: str | dict[str, str] | None = None
+
+
+class WorkerStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """One configured worker as the admin API shows it."""
+
+    instance_id: int
+    url: str
+    source: str  # flag | file | pods | admin
+    state: str  # probing | ready | draining | down
+    prefill: bool = False  # listed as prefill by the operator
+    model_override: str | None = None
+    kv_events: str | None = None  # the operator's endpoints (None: the engine's own)
+    kv_replay: str | None = None
+    error: str = ""  # the last probe failure, while failing
+    learned: dict[str, str | int | bool | None] | None = None  # the last good probe's info
+
+
+class WorkerAdminReply(msgspec.Struct, frozen=True, kw_only=True, tag="worker_admin_reply"):
+    status: int  # as HTTP: 200, 201, 400 (bad entry), 404 (unknown worker), 409 (conflict)
+    message: str = ""
+    workers: list[WorkerStatus] = []
+
+
+FleetControlRequest = SnapshotRequest | InstanceDownReport | WorkerAdminRequest
+FleetControlReply = Snapshot | Ack | WorkerAdminReply
 
 # ---- router ------------------------------------------------------------------------------
 

@@ -6,13 +6,23 @@ each child binds its own ports (port 0: a free one of --port-range) and reports 
 ready file, which the next stage is given: no port is picked by one process and bound by
 another. With several preprocessors, the HTTP port is held by `up` itself (SO_REUSEPORT) for
 the stack's lifetime, and they share it. A child that crashes is restarted on the ports it had (see
-supervisor); Ctrl-C or SIGTERM stops every child.
+supervisor).
+
+Ctrl-C or SIGTERM stops the stack in dependency order (the children run in their own process
+groups, so a terminal's Ctrl-C reaches `up` alone): the preprocessors first, which stop
+accepting and let their running requests finish (--shutdown-grace), then the routers and
+dispatchers, then fleet, then the mock engines. No stream is cut for want of a dispatcher.
+
+Client keys (--api-key, SWITCHYARD_API_KEYS) reach the preprocessors in their environment,
+never on a command line. With any key or admin token configured, each preprocessor also gets
+an admin listener on loopback (unless --admin-port says where), which `up` polls for /ready.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import socket
 import sys
@@ -26,6 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from switchyard.common import endpoints
+from switchyard.common.engines.tls import (
+    add_engine_tls_arguments,
+    engine_tls_argv,
+    engine_tls_from_args,
+)
 from switchyard.common.logs import add_logging_arguments, setup_logging
 from switchyard.common.ports import (
     PortRange,
@@ -35,6 +50,11 @@ from switchyard.common.ports import (
     wildcard_endpoint,
     write_ready_file,
 )
+from switchyard.dispatcher.channels import DEFAULT_DRAIN_TIMEOUT
+from switchyard.dispatcher.cli import seconds
+from switchyard.preprocessor.auth import ADMIN_TOKEN_ENV, KEYS_ENV, keys_from_env
+from switchyard.preprocessor.cli import add_guardrail_arguments
+from switchyard.preprocessor.serving import BACKSTOP_S
 from switchyard.router.policies import MODES
 from switchyard.supervisor import ChildSpec, Supervisor
 
@@ -174,6 +194,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="serve the router's Prometheus metrics on this port",
     )
+    parser.add_argument(
+        "--drain-timeout",
+        type=seconds,
+        default=DEFAULT_DRAIN_TIMEOUT,
+        metavar="SECONDS",
+        help="the dispatchers': streams of an engine that left the routable set (removed, "
+        f"drained, down) may finish this long, then migrate (default {DEFAULT_DRAIN_TIMEOUT:g})",
+    )
+    add_guardrail_arguments(parser)  # passed to every preprocessor (--shutdown-grace: too)
+    add_engine_tls_arguments(parser)  # passed to fleet, routers, dispatchers, preprocessors
     add_port_arguments(parser)  # --port-range for every child; --ready-file for up itself
     parser.add_argument(
         "--start-timeout",
@@ -205,6 +235,56 @@ class Stack:
     base_url: str
     reports: dict[str, dict[str, Any]] = field(default_factory=dict)
     workers: list[str] = field(default_factory=list)
+    ready_url: str = ""  # where `up` asks for /ready (the API port, or an admin listener)
+
+
+# Stop order (highest first) and how long each kind may take to stop.
+ENGINES, FLEET, MIDDLE, INGRESS = range(4)
+STOP_GRACE_S = 10.0
+
+
+def preprocessor_guardrail_argv(args: argparse.Namespace, admin_listener: bool) -> list[str]:
+    """The preprocessor flags `up` passes on (keys travel in the environment instead)."""
+    out = [
+        "--max-concurrent-requests", str(args.max_concurrent_requests),
+        "--max-queued-requests", str(args.max_queued_requests),
+        "--queue-timeout", str(args.queue_timeout),
+        "--max-requests-per-key", str(args.max_requests_per_key),
+        "--request-timeout", str(args.request_timeout),
+        "--shutdown-grace", str(args.shutdown_grace),
+    ]  # fmt: skip
+    if args.api_keys_file:
+        out += ["--api-keys-file", str(args.api_keys_file)]
+    if admin_listener:
+        out += ["--admin-host", args.admin_host]
+    return out
+
+
+def child_env(args: argparse.Namespace) -> dict[str, str] | None:
+    """The preprocessors' environment: `up`'s, plus the client keys and the admin token."""
+    keys = [*args.api_key, *keys_from_env()]
+    token = args.admin_token or os.environ.get(ADMIN_TOKEN_ENV)
+    if not keys and not token:
+        return None
+    env = dict(os.environ)
+    if keys:
+        env[KEYS_ENV] = ",".join(keys)
+    if token:
+        env[ADMIN_TOKEN_ENV] = token
+    return env
+
+
+def wants_admin_listener(args: argparse.Namespace) -> bool:
+    """Any key or token configured: /ready is no longer open on the API port, so `up` polls
+    it on an admin listener (loopback, a free port, unless --admin-port says otherwise)."""
+    secured = bool(
+        args.api_key
+        or keys_from_env()
+        or args.api_keys_file
+        or args.admin_token
+        or os.environ.get(ADMIN_TOKEN_ENV)
+    )
+    return secured or args.admin_port is not None
 
 
 class Launcher:
@@ -223,7 +303,11 @@ class Launcher:
             self.common += ["--port-range", str(args.port_range)]
 
     def stage(
-        self, children: list[tuple[str, Callable[[dict[str, Any] | None], list[str]]]]
+        self,
+        children: list[tuple[str, Callable[[dict[str, Any] | None], list[str]]]],
+        order: int = ENGINES,
+        stop_grace: float = STOP_GRACE_S,
+        env: dict[str, str] | None = None,
     ) -> dict[str, dict[str, Any]]:
         """Start children at once, wait for every report; `argv(report)` builds a child's
         command line, with report None first (ports 0) and then with what it bound."""
@@ -232,7 +316,7 @@ class Launcher:
             ready = self.folder / f"{name}.json"
             ready.unlink(missing_ok=True)
             flags = [*self.common, "--ready-file", str(ready)]
-            spec = ChildSpec(name, self.py + argv(None) + flags)
+            spec = ChildSpec(name, self.py + argv(None) + flags, env, order, stop_grace)
             started.append((name, argv, ready, self.supervisor.start(spec)))
         reports = {}
         for name, argv, ready, proc in started:
@@ -242,7 +326,7 @@ class Launcher:
                 raise StackFailed(f"{name} {exc}") from None
             reports[name] = report
             final = self.py + argv(report) + self.common + ["--ready-file", str(ready)]
-            self.supervisor.respec(name, final)
+            self.supervisor.respec(name, final, env)
             if report.get("metrics_port"):
                 log.info("%s metrics on http://127.0.0.1:%d/metrics", name, report["metrics_port"])
         return reports
@@ -265,7 +349,7 @@ class Launcher:
         for index, (protocol, role) in enumerate(mocks):
             name = f"mock-engine-{index}-{protocol}" + (f"-{role}" if role else "")
             engines.append((name, self._engine_argv(protocol, role)))
-        stack.reports.update(self.stage(engines))
+        stack.reports.update(self.stage(engines, ENGINES))
         for (name, _), (_, role) in zip(engines, mocks, strict=True):
             r = stack.reports[name]
             # The operator's per-worker options tell fleet where each engine publishes KV
@@ -281,10 +365,12 @@ class Launcher:
             )
         stack.workers = workers
 
+        tls = engine_tls_argv(args)
+
         def fleet(report: dict[str, Any] | None) -> list[str]:
             control = report["control"] if report else LOCAL
             events = report["events"] if report else LOCAL
-            cmd = ["fleet", "--control", control, "--events", events]
+            cmd = ["fleet", "--control", control, "--events", events, *tls]
             for url in workers:
                 cmd += ["--worker", url]
             for url in prefill:
@@ -293,7 +379,7 @@ class Launcher:
                 cmd += ["--workers-file", args.workers_file]
             return cmd + self._metrics(report)
 
-        fleet_report = self.stage([("fleet", fleet)])["fleet"]
+        fleet_report = self.stage([("fleet", fleet)], FLEET)["fleet"]
         stack.reports["fleet"] = fleet_report
         fleet_flags = ["--fleet-control", fleet_report["control"]]
         fleet_flags += ["--fleet-events", fleet_report["events"]]
@@ -301,7 +387,7 @@ class Launcher:
         def router(index: int) -> Callable[[dict[str, Any] | None], list[str]]:
             def argv(report: dict[str, Any] | None) -> list[str]:
                 cmd = ["router", "--bind", report["bind"] if report else LOCAL]
-                cmd += ["--router-mode", args.router_mode, *fleet_flags, *args.router_arg]
+                cmd += ["--router-mode", args.router_mode, *fleet_flags, *tls, *args.router_arg]
                 if args.router_metrics_port is not None and index == 0:
                     return cmd + ["--metrics-port", str(args.router_metrics_port)]
                 return cmd + self._metrics(report)
@@ -310,11 +396,13 @@ class Launcher:
 
         def dispatcher(report: dict[str, Any] | None) -> list[str]:
             cmd = ["dispatcher", "--bind", report["bind"] if report else LOCAL, *fleet_flags]
+            cmd += ["--drain-timeout", str(args.drain_timeout), *tls]
+            cmd += ["--shutdown-grace", str(args.shutdown_grace)]
             return cmd + self._metrics(report)
 
         middle = [(f"router-{i}", router(i)) for i in range(args.routers)]
         middle += [(f"dispatcher-{i}", dispatcher) for i in range(args.dispatchers)]
-        stack.reports.update(self.stage(middle))
+        stack.reports.update(self.stage(middle, MIDDLE, args.shutdown_grace + STOP_GRACE_S))
         count = args.preprocessors
         # One preprocessor binds the port itself (0: a free one); several share the port `up`
         # holds (SO_REUSEPORT; each listens once it is ready).
@@ -327,16 +415,36 @@ class Launcher:
             pre += ["--dispatcher", stack.reports[f"dispatcher-{i}"]["bind"]]
         for tokenizer in args.tokenizer:
             pre += ["--tokenizer", tokenizer]
-        pre += args.preprocessor_arg
+        admin = wants_admin_listener(args)
+        if admin and args.admin_port and count > 1:
+            raise SystemExit("switchyard up: --admin-port with several preprocessors: use 0")
+        pre += preprocessor_guardrail_argv(args, admin) + tls + args.preprocessor_arg
 
         def preprocessor(report: dict[str, Any] | None) -> list[str]:
             port = report["port"] if report else http_port
-            return pre + ["--port", str(port)] + self._metrics(report)
+            cmd = pre + ["--port", str(port)]
+            if admin:
+                bound = report["admin_port"] if report else (args.admin_port or 0)
+                cmd += ["--admin-port", str(bound)]
+            return cmd + self._metrics(report)
 
         names = ["preprocessor"] if count == 1 else [f"preprocessor-{i}" for i in range(count)]
-        stack.reports.update(self.stage([(name, preprocessor) for name in names]))
+        grace = args.shutdown_grace + BACKSTOP_S + STOP_GRACE_S
+        children: list[tuple[str, Callable[[dict[str, Any] | None], list[str]]]] = [
+            (name, preprocessor) for name in names
+        ]
+        stack.reports.update(self.stage(children, INGRESS, grace, child_env(args)))
         port = stack.reports[names[0]]["port"]
         stack.base_url = f"http://{args.http_host}:{port}"
+        stack.ready_url = stack.base_url + "/ready"
+        if admin:
+            host = "127.0.0.1" if args.admin_host in ("0.0.0.0", "::", "") else args.admin_host
+            first = stack.reports[names[0]]["admin_port"]
+            stack.ready_url = f"http://{host}:{first}/ready"
+            log.info(
+                "admin listener(s) on %s",
+                ", ".join(f"http://{host}:{stack.reports[n]['admin_port']}" for n in names),
+            )
         log.info("preprocessors started: the API will be on %s/v1", stack.base_url)
         return stack
 
@@ -387,6 +495,11 @@ def _report(path: Path | None, stack: Stack, supervisor: Supervisor) -> None:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging("up", args.log_level, args.log_format)
+    try:
+        engine_tls_from_args(args)  # unreadable files fail here, not in every child
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2
     supervisor = Supervisor(restart=not args.no_restart)
     stopping = False
 
@@ -424,7 +537,7 @@ def run(args: argparse.Namespace) -> int:
                     log.error("%s keeps failing; stopping the stack", failed)
                     code = 1
                     break
-                if not announced and _ready(stack.base_url + "/ready"):
+                if not announced and _ready(stack.ready_url):
                     announced = True
                     log.info(
                         "Switchyard is serving the OpenAI API on %s/v1 (engines: %s)",

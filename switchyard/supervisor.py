@@ -1,5 +1,7 @@
 """Start child processes, watch them, restart one that crashes, and stop every one of them on
-Ctrl-C or SIGTERM.
+Ctrl-C or SIGTERM, in order: the highest `stop_order` first, each group given its
+`stop_grace` to exit before it is killed. Children run in their own process groups, so a
+terminal's Ctrl-C reaches the supervisor alone, which then stops them in that order.
 
 A crashed child is restarted with the same command line (an engine comes back on its port, a
 router rebinds its endpoint) after a backoff that doubles while it keeps crashing. A child
@@ -10,6 +12,7 @@ reports it so the caller can stop the stack.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import signal
 import subprocess
@@ -33,6 +36,9 @@ def _die_with_parent() -> None:
 class ChildSpec:
     name: str
     argv: list[str]
+    env: dict[str, str] | None = None  # None: the supervisor's own environment
+    stop_order: int = 0  # stopped before every child of a lower order
+    stop_grace: float = 10.0  # seconds from SIGTERM to SIGKILL
 
 
 @dataclass
@@ -62,7 +68,13 @@ class Supervisor:
         self.restarts = 0
 
     def start(self, spec: ChildSpec) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(spec.argv, preexec_fn=_die_with_parent, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            spec.argv,
+            preexec_fn=_die_with_parent,
+            stdin=subprocess.DEVNULL,
+            env=spec.env,
+            process_group=0,
+        )
         child = self.children.get(spec.name)
         if child is None:
             self.children[spec.name] = _Child(spec, proc, time.monotonic())
@@ -71,10 +83,10 @@ class Supervisor:
         log.info("started %s pid=%d", spec.name, proc.pid)
         return proc
 
-    def respec(self, name: str, argv: list[str]) -> None:
+    def respec(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         """Restart `name` with this command line from now on (e.g. with the ports it bound)."""
         child = self.children[name]
-        child.spec = ChildSpec(name, argv)
+        child.spec = dataclasses.replace(child.spec, argv=argv, env=env)
 
     def pid(self, name: str) -> int | None:
         child = self.children.get(name)
@@ -111,17 +123,23 @@ class Supervisor:
                 self.start(child.spec)
         return None
 
-    def stop_all(self, grace: float = 10.0) -> None:
-        # Stop in reverse start order: the HTTP edge first, engines last.
-        procs = [(n, c.proc) for n, c in self.children.items() if c.proc is not None][::-1]
-        for _name, proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for name, proc in procs:
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning("%s did not stop in %.0fs; killing it", name, grace)
-                proc.kill()
-                proc.wait()
+    def stop_all(self) -> None:
+        """Stop every child, group by group: the HTTP edge first, engines last."""
+        orders = sorted({c.spec.stop_order for c in self.children.values()}, reverse=True)
+        for order in orders:
+            group = [
+                (name, child.proc, child.spec.stop_grace)
+                for name, child in self.children.items()
+                if child.proc is not None and child.spec.stop_order == order
+            ]
+            for _name, proc, _grace in group:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            start = time.monotonic()
+            for name, proc, grace in group:
+                try:
+                    proc.wait(timeout=max(0.0, start + grace - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    log.warning("%s did not stop in %.0fs; killing it", name, grace)
+                    proc.kill()
+                    proc.wait()

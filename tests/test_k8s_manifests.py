@@ -258,7 +258,10 @@ def test_probes_ask_the_service_itself(stack, parser):
                     path = "/ready" if probe_name == "readinessProbe" else "/health"
                     get = probe.get("httpGet", {})
                     assert get.get("path") == path, f"{at}: {probe_name} must GET {path}"
-                    assert named.get(get.get("port"), get.get("port")) == args.port
+                    port = named.get(get.get("port"), get.get("port"))
+                    # /ready is an operator route: on the admin listener (no token needed)
+                    wanted = args.admin_port if probe_name == "readinessProbe" else args.port
+                    assert port == wanted, f"{at}: {probe_name} on port {port}"
                 elif args.command == "mock-engine":
                     # grpc.health.v1, which SGLang and vLLM serve in gRPC mode too.
                     assert probe.get("grpc", {}).get("port") == args.port, f"{at}: {probe_name}"
@@ -283,6 +286,9 @@ def test_streams_drain_before_a_pod_goes(stack, parser):
         pause = c["lifecycle"]["preStop"]["sleep"]["seconds"]
         grace = pod["spec"]["terminationGracePeriodSeconds"]
         assert 0 < pause and grace >= pause + 30, f"{name}: {where}: preStop {pause}, grace {grace}"
+        if command == "preprocessor":  # its own grace (+5 s backstop) fits in the pod's
+            own = parse_command(parser, where, c["args"]).shutdown_grace
+            assert pause + own + 5 < grace, f"{name}: {where}: --shutdown-grace {own}"
 
 
 def test_prometheus_scrapes_every_service(stack, parser):
@@ -299,7 +305,8 @@ def test_prometheus_scrapes_every_service(stack, parser):
         port = int(annotations["prometheus.io/port"])
         assert port in {p["containerPort"] for p in c["ports"]}, f"{at}: {port} not declared"
         if args.command == "preprocessor":
-            assert port == args.port
+            assert port == args.admin_port, f"{at}: /metrics is on the admin listener"
+            assert args.admin_host == "0.0.0.0", f"{at}: the admin listener must be reachable"
         else:
             assert (args.metrics_host, args.metrics_port) == ("0.0.0.0", port), at
 

@@ -19,7 +19,13 @@ from switchyard.common.ports import PortRange, bind_in_range
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PORTS = {"fleet": 7190, "router": 7290, "dispatcher": 7390, "preprocessor": None}
+DEFAULT_PORTS = {
+    "fleet": 7190,
+    "router": 7290,
+    "dispatcher": 7390,
+    "preprocessor": None,
+    "mock-engine": None,
+}
 
 
 class DefaultPort(int):
@@ -53,6 +59,8 @@ def add_metrics_arguments(parser: argparse.ArgumentParser, service: str) -> None
             "; a taken default port is replaced by a free one (logged, and in --ready-file)"
             if default is not None
             else "; default: off, /metrics is served on the HTTP port"
+            if service == "preprocessor"
+            else "; default: off"
         ),
     )
 

@@ -6,11 +6,28 @@ import argparse
 import asyncio
 
 from switchyard.common import endpoints
+from switchyard.common.engines.tls import add_engine_tls_arguments, engine_tls_from_args
 from switchyard.common.logs import add_logging_arguments, setup_logging
 from switchyard.common.metrics import add_metrics_arguments, serve_metrics
 from switchyard.common.ports import add_port_arguments, write_ready_file
 from switchyard.common.runner import run_until_signal
-from switchyard.dispatcher.service import DEFAULT_STALL_TIMEOUT, DispatcherService
+from switchyard.dispatcher.channels import DEFAULT_DRAIN_TIMEOUT
+from switchyard.dispatcher.service import (
+    DEFAULT_SHUTDOWN_GRACE,
+    DEFAULT_STALL_TIMEOUT,
+    DispatcherService,
+)
+
+
+def seconds(text: str) -> float:
+    """A number of seconds >= 0 (argparse type)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +44,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="an engine whose streams already produced output and that then sends nothing on "
         "any stream this long (frozen) has all its streams failed, to migrate (0: off)",
     )
+    parser.add_argument(
+        "--drain-timeout",
+        type=seconds,
+        default=DEFAULT_DRAIN_TIMEOUT,
+        metavar="SECONDS",
+        help="an engine that leaves the routable set (removed, drained, down) takes no new "
+        "streams; its running ones may finish this long, then migrate with their tokens so "
+        f"far; its channel closes after its last stream (default {DEFAULT_DRAIN_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--shutdown-grace",
+        type=seconds,
+        default=DEFAULT_SHUTDOWN_GRACE,
+        metavar="SECONDS",
+        help="on SIGTERM, running streams may finish this long; the rest then fail to migrate "
+        f"through another dispatcher (default {DEFAULT_SHUTDOWN_GRACE:g})",
+    )
+    add_engine_tls_arguments(parser)
     add_metrics_arguments(parser, "dispatcher")
     add_port_arguments(parser)
     add_logging_arguments(parser)
@@ -34,10 +69,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logs = setup_logging("dispatcher", args.log_level, args.log_format)
+    try:
+        tls = engine_tls_from_args(args)
+    except ValueError as exc:
+        raise SystemExit(f"dispatcher: {exc}") from None
 
     async def main(stop: asyncio.Event) -> None:
         service = DispatcherService(
-            args.bind, args.fleet_control, args.fleet_events, args.stall_timeout or None
+            args.bind,
+            args.fleet_control,
+            args.fleet_events,
+            args.stall_timeout or None,
+            drain_timeout=args.drain_timeout,
+            shutdown_grace=args.shutdown_grace,
+            tls=tls,
         )
         metrics_port = serve_metrics(
             service.metrics.registry, args.metrics_host, args.metrics_port, args.port_range

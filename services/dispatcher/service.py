@@ -1,6 +1,11 @@
 """The dispatcher process: a ZMQ ROUTER taking GenerateRequest/CancelRequest from
 preprocessors and streaming TokenDelta ... GenerateFinished (or GenerateFailed) back; an
-EmbedRequest answers one Embeddings (or GenerateFailed)."""
+EmbedRequest answers one Embeddings (or GenerateFailed).
+
+An instance that leaves the routable set drains (channels.py): its streams finish, up to
+`drain_timeout`, then fail to migrate. On stop (SIGTERM) the dispatcher lets its streams
+finish for up to `shutdown_grace`, then fails those left (migratable, not the engine's
+fault: they go on through another dispatcher) and exits."""
 
 from __future__ import annotations
 
@@ -12,10 +17,11 @@ import zmq
 import zmq.asyncio
 
 from switchyard.common import errors
+from switchyard.common.engines.tls import EngineTls
 from switchyard.common.fleet_client import FleetClient
 from switchyard.common.messaging import LoopSocket, bound_endpoint, decode_routed, new_socket
 from switchyard.common.ports import PortRange
-from switchyard.dispatcher.channels import ChannelPool
+from switchyard.dispatcher.channels import DEFAULT_DRAIN_TIMEOUT, ChannelPool
 from switchyard.dispatcher.embeds import run_embed
 from switchyard.dispatcher.metrics import DispatcherMetrics
 from switchyard.dispatcher.outbox import Outbox
@@ -37,6 +43,7 @@ log = logging.getLogger(__name__)
 # Below the preprocessor's gap timeout (5 s): a frozen engine is caught while its streams
 # still run, and its streams that wait for their first token go with them.
 DEFAULT_STALL_TIMEOUT = 4.0
+DEFAULT_SHUTDOWN_GRACE = 30.0
 
 
 class DispatcherService:
@@ -46,19 +53,27 @@ class DispatcherService:
         fleet_control: str,
         fleet_events: str,
         stall_timeout: float | None = DEFAULT_STALL_TIMEOUT,
+        *,
+        drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
+        shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
+        tls: EngineTls | None = None,
     ) -> None:
+        if shutdown_grace < 0:
+            raise ValueError(f"--shutdown-grace must be >= 0, got {shutdown_grace}")
         self.bind = bind
         # None: off. Else an engine silent on every stream this long has its streams failed.
         self.stall = StallWatch(stall_timeout) if stall_timeout else None
+        self.shutdown_grace = shutdown_grace
         self._by_instance: dict[int, set[tuple[bytes, str]]] = {}
         self.metrics = DispatcherMetrics()
-        self.pool = ChannelPool()
+        self.pool = ChannelPool(drain_timeout, self._fail_drained, tls)
         self.fleet = FleetClient(fleet_control, fleet_events, on_change=self._on_fleet_change)
         self._ctx = zmq.asyncio.Context()
         self._io: LoopSocket | None = None
         self._outbox: Outbox | None = None
         # (peer identity, request id) -> its generation task
         self._tasks: dict[tuple[bytes, str], asyncio.Task[None]] = {}
+        self._instance_of: dict[tuple[bytes, str], int] = {}
         self._background: set[asyncio.Task[None]] = set()
         # Instances reported down and not seen again since: one report per transition, not
         # one per stream that failed on them.
@@ -91,6 +106,7 @@ class DispatcherService:
         watchdog = asyncio.create_task(self._watch_stalls()) if self.stall else None
         try:
             await stop.wait()
+            await self._finish_streams()
         finally:
             if watchdog is not None:
                 watchdog.cancel()
@@ -102,6 +118,37 @@ class DispatcherService:
             await self.fleet.close()
             await self.pool.close()
             self._ctx.term()
+
+    async def _finish_streams(self) -> None:
+        """Stopping: running streams may finish within the grace; the rest fail to migrate
+        through another dispatcher (their replies are flushed before the socket closes)."""
+        if self._tasks:
+            log.info(
+                "stopping: letting %d stream(s) finish (up to %gs)",
+                len(self._tasks),
+                self.shutdown_grace,
+            )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.shutdown_grace
+        while self._tasks and loop.time() < deadline:
+            await asyncio.wait(list(self._tasks.values()), timeout=min(0.2, deadline - loop.time()))
+        if not self._tasks:
+            return
+        assert self._outbox is not None
+        log.warning("stopping: failing %d stream(s) past the grace", len(self._tasks))
+        for (peer, request_id), task in list(self._tasks.items()):
+            self._outbox.post(
+                peer,
+                GenerateFailed(
+                    request_id=request_id,
+                    instance_id=self._instance_of.get((peer, request_id), 0),
+                    kind=errors.DISCONNECTED,
+                    message="the dispatcher is shutting down",
+                    engine_fault=False,
+                ),
+            )
+            task.cancel()
+        self._outbox.flush()
 
     def _on_message(self, frames: list[bytes]) -> None:
         routed = decode_routed(frames, codec.dispatcher_request, "dispatcher request")
@@ -184,14 +231,19 @@ class DispatcherService:
             )
         task = asyncio.create_task(job)
         self._tasks[key] = task
+        self._instance_of[key] = request.instance_id
         streams = self._by_instance.setdefault(request.instance_id, set())
         streams.add(key)
+        pool = self.pool
+        pool.attach(client, key)
         metrics.generations.labels(*worker).inc()
         in_flight.inc()
 
         def done(_task: asyncio.Task[None]) -> None:
             self._tasks.pop(key, None)
+            self._instance_of.pop(key, None)
             streams.discard(key)
+            pool.detach(client, key)
             in_flight.dec()
             if self.stall is not None:
                 activity.streams -= 1
@@ -238,6 +290,29 @@ class DispatcherService:
                 ),
             )
             self._tasks[(peer, request_id)].cancel()  # aborts on the engine, sends nothing
+
+    def _fail_drained(self, instance_id: int, keys: list) -> None:  # type: ignore[type-arg]
+        """Streams still running on a drained instance past the drain timeout: failed to
+        migrate with their tokens so far, and cancelled (an Abort to the engine)."""
+        assert self._outbox is not None
+        timeout = self.pool.drain_timeout
+        for key in keys:
+            task = self._tasks.get(key)
+            if task is None or task.done():
+                continue
+            peer, request_id = key
+            self.metrics.errors.labels(errors.DISCONNECTED).inc()
+            self._outbox.post(
+                peer,
+                GenerateFailed(
+                    request_id=request_id,
+                    instance_id=instance_id,
+                    kind=errors.DISCONNECTED,
+                    message=f"the instance left the routable set and its stream ran past "
+                    f"the drain timeout ({timeout:g}s)",
+                ),
+            )
+            task.cancel()
 
     def _on_fleet_change(self, events: list[InstanceEvent]) -> None:
         self.pool.apply(events)

@@ -2,9 +2,10 @@
 
 `run_generation` is the per-request hot path: token deltas go out as they arrive; a failure
 becomes one GenerateFailed with its kind; cancellation aborts the request on the engine.
-Whatever goes wrong, the caller gets a final reply: an exception nobody foresaw becomes
-kind `engine_error` (logged once with its traceback and counted), never a silent task death
-that leaves the client waiting for the idle timeout.
+Whatever goes wrong, the caller gets a final reply: a channel closed under the stream is
+kind `disconnected` (migrate at once), an exception nobody foresaw becomes kind
+`engine_error` (logged once with its traceback and counted), never a silent task death that
+leaves the client waiting for the idle timeout.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ async def run_generation(
         if exc.kind in errors.INSTANCE_DOWN:
             on_instance_down(request.instance_id, exc.kind, exc.message)
     except Exception as exc:
+        if client.closed:  # whatever the channel raised once closed: the stream moves on
+            _fail(request, errors.DISCONNECTED, f"the channel was closed: {exc}", send, on_error)
+            return
         log.exception(
             "generation failed unexpectedly request_id=%s instance_id=%d",
             request.request_id,

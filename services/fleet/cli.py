@@ -13,6 +13,7 @@ import uvloop
 import zmq
 
 from switchyard.common import endpoints
+from switchyard.common.engines.tls import add_engine_tls_arguments, engine_tls_from_args
 from switchyard.common.logs import LogContext, add_logging_arguments, setup_logging
 from switchyard.common.metrics import add_metrics_arguments, serve_metrics
 from switchyard.common.ports import add_port_arguments, write_ready_file
@@ -94,6 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="give up on a probe after this long (default 2)",
     )
     k8s_cli.add_arguments(parser)
+    add_engine_tls_arguments(parser)
     add_metrics_arguments(parser, "fleet")
     add_port_arguments(parser)
     add_logging_arguments(parser)
@@ -110,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(args: argparse.Namespace, logs: LogContext | None = None) -> int:
     try:
         pods = k8s_cli.pod_source(args)
+        tls = engine_tls_from_args(args)
     except ValueError as exc:
         log.error("fleet cannot start: %s", exc)
         return 2
@@ -122,6 +125,7 @@ async def _serve(args: argparse.Namespace, logs: LogContext | None = None) -> in
         probe_timeout=args.probe_timeout,
         ports=args.port_range,
         pods=pods,
+        tls=tls,
     )
     try:
         await service.start()

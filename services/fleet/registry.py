@@ -1,4 +1,4 @@
-"""Fleet's state: the configured workers, the last probe result of each, and down marks.
+"""Fleet's state: the configured workers, the last probe result of each, down and drain marks.
 
 Pure (no I/O, no clock): the service feeds it specs, probe results and down reports, and
 reads back the routable list, which it diffs against what it last published.
@@ -79,6 +79,9 @@ class Registry:
         # Instances that were down and answer again: consecutive good probes so far. They are
         # re-admitted after `readmit_after` of them (a flapping engine stays out).
         self._streak: dict[int, int] = {}
+        # Drained by the operator (admin API): probed as usual, never routable, until resumed
+        # or no longer configured.
+        self._draining: set[int] = set()
         self._round = 0
         self.configure(specs)
 
@@ -96,8 +99,40 @@ class Registry:
             self._info.pop(spec.instance_id, None)
             self._down.pop(spec.instance_id, None)
             self._streak.pop(spec.instance_id, None)
+            self._draining.discard(spec.instance_id)
         self._specs = new
         return added, removed
+
+    def has(self, instance_id: int) -> bool:
+        return instance_id in self._specs
+
+    def spec(self, instance_id: int) -> WorkerSpec | None:
+        return self._specs.get(instance_id)
+
+    def info(self, instance_id: int) -> EngineInfo | None:
+        """What the last good probe learned (None: no good probe since it was down)."""
+        return self._info.get(instance_id)
+
+    def drain(self, instance_id: int, draining: bool = True) -> bool:
+        """Mark (or unmark) a worker as draining; False when it is not configured."""
+        if instance_id not in self._specs:
+            return False
+        if draining:
+            self._draining.add(instance_id)
+        else:
+            self._draining.discard(instance_id)
+        return True
+
+    def state(self, instance_id: int) -> str:
+        """probing (no good probe yet, or being re-admitted), ready (routable), draining
+        (the operator's mark), down (reported down, or answering no probe)."""
+        if instance_id in self._draining:
+            return "draining"
+        if instance_id in self._down:
+            return "down"
+        if instance_id in self._info:
+            return "probing" if instance_id in self._streak else "ready"
+        return "down" if instance_id in self._streak else "probing"
 
     def start_round(self) -> int:
         self._round += 1
@@ -142,6 +177,8 @@ class Registry:
                 out.append((routable[iid], "routable"))
             elif iid in self._streak and iid in self._info:
                 out.append(("unknown", "recovering"))
+            elif iid in self._draining:
+                out.append(("unknown", "draining"))
             elif iid in self._down or iid in self._streak:
                 out.append(("unknown", "down"))
             else:
@@ -171,4 +208,5 @@ class Registry:
             if spec.instance_id in self._info
             and spec.instance_id not in self._down
             and spec.instance_id not in self._streak
+            and spec.instance_id not in self._draining
         ]

@@ -1,6 +1,7 @@
 """Fleet's main loop: owns the routable instance set and tells everyone about changes.
 
-    control  ROUTER  SnapshotRequest -> Snapshot, InstanceDownReport -> Ack
+    control  ROUTER  SnapshotRequest -> Snapshot, InstanceDownReport -> Ack,
+                     WorkerAdminRequest -> WorkerAdminReply (the admin API, see admin.py)
     events   PUB     FleetUpdate(version, events) whenever the routable set changes
 
 Three tasks share one Registry: the control loop (answers requests, applies down reports at
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -29,11 +31,13 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from switchyard.common.engines import EngineInfo
+from switchyard.common.engines import EngineInfo, connect
+from switchyard.common.engines.tls import EngineTls
 from switchyard.common.errors import EngineError
 from switchyard.common.instance_diff import diff_instances, index_instances
 from switchyard.common.ports import PortRange, zmq_bind
 from switchyard.common.workers import WorkerSpec
+from switchyard.fleet import admin
 from switchyard.fleet.k8s.source import PodSource, merge_workers
 from switchyard.fleet.metrics import FleetMetrics
 from switchyard.fleet.prober import Prober
@@ -50,6 +54,9 @@ from switchyard.protos.messages import (
     InstanceRemoved,
     Snapshot,
     SnapshotRequest,
+    WorkerAdminReply,
+    WorkerAdminRequest,
+    WorkerStatus,
 )
 
 log = logging.getLogger(__name__)
@@ -77,16 +84,18 @@ class FleetService:
         initial_version: int | None = None,
         ports: PortRange | None = None,
         pods: PodSource | None = None,
+        tls: EngineTls | None = None,
     ) -> None:
         self._source = source
         self._ports = ports  # where a port 0 in `control` / `events` is searched
         self._pods = pods
         self._listed: list[WorkerSpec] = []  # from flags and the workers file
+        self._added: dict[int, WorkerSpec] = {}  # by the admin API (see admin.py)
         self._control_endpoint = control
         self._events_endpoint = events
         self._probe_interval = probe_interval
         self._watch_interval = watch_interval
-        self._prober = prober or Prober(probe_timeout)
+        self._prober = prober or Prober(probe_timeout, functools.partial(connect, tls=tls))
         self._context = context
         self._own_context = context is None
         self._registry = Registry(readmit_after=readmit_after)
@@ -204,7 +213,9 @@ class FleetService:
                 if not self._probed:
                     self._held.append(frames[:-1])
                     continue
-                reply: Snapshot | Ack = self._snapshot()
+                reply: Snapshot | Ack | WorkerAdminReply = self._snapshot()
+            elif isinstance(request, WorkerAdminRequest):
+                reply = await self._admin(request)
             else:
                 await self._on_down_report(request)
                 reply = Ack()
@@ -247,6 +258,12 @@ class FleetService:
             self._wake.clear()
             try:
                 await self._probe_all()
+            except asyncio.CancelledError:
+                if _cancelling():
+                    raise
+                # Not ours (a gRPC call cancelled under a probe): the loop must go on, or
+                # nothing is ever probed again.
+                log.exception("probe cycle cancelled from below")
             except Exception:
                 log.exception("probe cycle failed")
             if not self._probed and self._pods_listed():
@@ -264,6 +281,8 @@ class FleetService:
         specs = [s for s in self._registry.specs if self._next_probe.get(s.instance_id, 0) <= now]
         results = await asyncio.gather(*(self._probe_one(spec) for spec in specs))
         for spec, info in zip(specs, results, strict=True):
+            if not self._registry.has(spec.instance_id):
+                continue  # removed while its probe was in flight: no state left behind
             self._registry.record(spec.instance_id, round_, info)
             self._schedule(spec.instance_id, info is not None, now)
         await self._prober.retain({spec.url for spec in self._registry.specs})
@@ -343,9 +362,71 @@ class FleetService:
                 log.exception("applying the pod list failed")
 
     def _specs(self) -> list[WorkerSpec]:
-        if self._pods is None:
-            return self._listed
-        return merge_workers(self._listed, self._pods.workers())
+        """Flags and file, then the pods, then the admin API's: each URL from the first."""
+        base = (
+            self._listed
+            if self._pods is None
+            else merge_workers(self._listed, self._pods.workers())
+        )
+        if not self._added:
+            return base
+        taken = {spec.instance_id for spec in base}
+        for iid in [i for i in self._added if i in taken]:
+            log.info(
+                "worker %s added by the admin API is now listed elsewhere: theirs",
+                self._added[iid].url,
+            )
+            del self._added[iid]
+        return sorted([*base, *self._added.values()], key=lambda spec: spec.url)
+
+    def source_of(self, spec: WorkerSpec) -> str:
+        if spec.instance_id in self._added:
+            return admin.ADMIN
+        if spec.instance_id in self._source.static_ids():
+            return admin.FLAG
+        if any(s.instance_id == spec.instance_id for s in self._listed):
+            return admin.FILE
+        return admin.PODS
+
+    def worker_statuses(self) -> list[WorkerStatus]:
+        out = []
+        for spec in self._registry.specs:
+            iid = spec.instance_id
+            state = self._registry.state(iid)
+            problem = self._failing.get(iid, "")
+            if state == "probing" and problem:
+                state = "down"
+            out.append(
+                admin.status(spec, self.source_of(spec), state, self._registry.info(iid), problem)
+            )
+        return out
+
+    async def _admin(self, request: WorkerAdminRequest) -> WorkerAdminReply:
+        try:
+            return await admin.handle(self, request)
+        except admin.AdminError as exc:
+            return WorkerAdminReply(status=exc.status, message=exc.message)
+
+    # The admin API's hooks (admin.Fleet).
+
+    def configured(self) -> dict[int, WorkerSpec]:
+        return {spec.instance_id: spec for spec in self._registry.specs}
+
+    @property
+    def prefill(self) -> list[str]:
+        return self._source.prefill
+
+    async def add_worker(self, spec: WorkerSpec) -> None:
+        self._added[spec.instance_id] = spec
+        await self._configure(self._specs(), "admin API")
+
+    async def remove_worker(self, instance_id: int) -> None:
+        del self._added[instance_id]
+        await self._configure(self._specs(), "admin API")
+
+    async def drain_worker(self, instance_id: int, draining: bool) -> None:
+        self._registry.drain(instance_id, draining)
+        await self._publish()
 
     async def _configure(self, specs: list[WorkerSpec], what: str) -> None:
         before = self._registry.specs
@@ -360,7 +441,9 @@ class FleetService:
             len(removed),
         )
         for spec in removed:
-            self._failing.pop(spec.instance_id, None)
+            # A worker added again later starts afresh: probed at once, no backoff left over.
+            for table in (self._failing, self._next_probe, self._failures, self._first_probe):
+                table.pop(spec.instance_id, None)
         await self._prober.retain({spec.url for spec in specs})
         await self._publish()
         if added:
@@ -382,6 +465,11 @@ class FleetService:
             _log_event(event)
         if self._pub is not None:
             await self._pub.send(codec.encode(FleetUpdate(self._version, events)))
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _log_event(event: InstanceEvent) -> None:

@@ -30,6 +30,15 @@ class WorkerSource:
         self._seen: bytes | None = None  # file content last looked at, good or bad
         self._problem = ""  # last error logged, so that it is logged once
 
+    @property
+    def prefill(self) -> list[str]:
+        """The --prefill list (applied to workers the admin API adds too)."""
+        return list(self._prefill)
+
+    def static_ids(self) -> set[int]:
+        """The instance ids of the --worker flags."""
+        return {spec.instance_id for spec in self._static}
+
     def load(self) -> list[WorkerSpec]:
         """The full list now. Raises ValueError (bad config) or OSError (unreadable file)."""
         if self.file is None:

@@ -9,10 +9,12 @@ import sys
 from pathlib import Path
 
 from switchyard.common.logs import add_logging_arguments, setup_logging
+from switchyard.common.metrics import add_metrics_arguments, serve_metrics
 from switchyard.common.ports import add_port_arguments, write_ready_file
 from switchyard.common.runner import run_until_signal
 from switchyard.mock_engine import config as cfg
 from switchyard.mock_engine.errors import ConfigError
+from switchyard.mock_engine.metrics import engine_registry
 from switchyard.mock_engine.server import MockEngineServer
 
 logger = logging.getLogger(__name__)
@@ -226,6 +228,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="JSON file of {marker, output} rules: a prompt containing a marker gets that "
         "output, tokenized with the engine's tokenizer and emitted token by token",
     )
+    tls = parser.add_argument_group("TLS (serve gRPC over TLS, as an engine behind grpcs://)")
+    tls.add_argument("--tls-cert", type=Path, default=None, help="server certificate chain (PEM)")
+    tls.add_argument("--tls-key", type=Path, default=None, help="its private key (PEM)")
+    tls.add_argument(
+        "--tls-client-ca",
+        type=Path,
+        default=None,
+        help="require client certificates signed by this CA (mutual TLS; default: none asked)",
+    )
+    add_metrics_arguments(
+        parser, "mock-engine"
+    )  # requests, aborts, tokens: what tests read of a process
     faults = parser.add_argument_group("fault injection (chaos tests)")
     faults.add_argument(
         "--exit-after-tokens",
@@ -308,6 +322,9 @@ def config_from_args(args: argparse.Namespace) -> cfg.MockEngineConfig:
         max_logprobs=args.max_logprobs,
         script_path=args.script,
         log_requests=args.log_requests,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
     )
 
 
@@ -324,10 +341,15 @@ def run(args: argparse.Namespace) -> int:
         server = MockEngineServer(config, ports=args.port_range)
         await server.start()
         logs.instance = f"grpc://{config.host}:{server.port}"
+        assert server.engine is not None
+        metrics_port = serve_metrics(
+            engine_registry(server.engine), args.metrics_host, args.metrics_port, args.port_range
+        )
         write_ready_file(
             args.ready_file,
             {
                 "port": server.port,
+                "metrics_port": metrics_port,
                 "kv_events": server.kv_events_endpoint,
                 "kv_replay": server.kv_replay_endpoint,
                 "kv_transfer_port": server.kv_transfer_port,

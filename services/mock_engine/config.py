@@ -152,6 +152,11 @@ class MockEngineConfig:
     # Log each Generate/Embed call's request id and its x-request-id / traceparent metadata
     # at INFO (SGLang's --log-requests logs each request too).
     log_requests: bool = False
+    # TLS (as an engine behind grpcs://): the server certificate chain and key (PEM files);
+    # with a client CA, callers must present a certificate it signed (mutual TLS).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
     _script: Script | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -200,6 +205,10 @@ class MockEngineConfig:
             raise ConfigError("max_logprobs", f"must be >= 0, got {self.max_logprobs}")
         if self.script_path is not None:
             object.__setattr__(self, "_script", load_script(Path(self.script_path)))
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("tls_key", "--tls-cert and --tls-key go together")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ConfigError("tls_client_ca", "needs --tls-cert and --tls-key (a TLS server)")
         if self.log_level.upper() not in LOG_LEVELS:
             raise ConfigError("log_level", f"must be one of {', '.join(LOG_LEVELS)}")
         tokenizer_dir = self.tokenizer_dir or default_tokenizer_dir()

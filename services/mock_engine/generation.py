@@ -180,6 +180,9 @@ class MockEngine:
         self._last_receive_time = 0.0
         self.total_requests = 0
         self.tokens_generated = 0  # over every request since start
+        # Requests that ended unfinished because their caller aborted them: an Abort call,
+        # or a cancelled Generate call (the stock servicers abort the request then too).
+        self.aborts = 0
         self._prefill_busy_until = 0.0  # loop time; with timing.prefill_stalls_decode
 
     @property
@@ -341,6 +344,7 @@ class MockEngine:
         faults = self._faults
         tokens = list(prompt)  # prompt + output: what the cache stores blocks of
         prefilled = False
+        finished = False  # the request's last step was (or is being) handed out
         try:
             room = self.context_length - len(prompt)
             limit = room if sampling.max_new_tokens is None else min(room, sampling.max_new_tokens)
@@ -371,6 +375,7 @@ class MockEngine:
                 prefilled = True
                 self._commit(lease, tokens, len(prompt))
             if limit == 0 and not running.aborted:
+                finished = True
                 yield Step((), 0, Finish(FinishReason.LENGTH), cached)
                 return
             while True:
@@ -430,6 +435,7 @@ class MockEngine:
                     if matched is not None:
                         finish = Finish(FinishReason.STOP, matched_stop_str=matched)
                     tail = text[-keep:] if keep else ""
+                finished = finish is not None
                 yield Step((token,), produced, finish, cached, score)
                 if faults is not None:
                     faults.after_token(self.tokens_generated)
@@ -438,6 +444,8 @@ class MockEngine:
                 await running.pause(self._decode_delay())
         finally:
             del self._active[rid]
+            if not finished:
+                self.aborts += 1
             if prefilled and not each_step:  # SGLang caches a finished request's sequence
                 self._commit(lease, tokens, max(len(prompt), len(tokens) - 1))
             self.cache.release(lease)

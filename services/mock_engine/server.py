@@ -71,6 +71,19 @@ def server_options(protocol: EngineProtocol) -> list[tuple[str, int | bool]]:
     return [*family, _EXCLUSIVE_BIND]
 
 
+def server_credentials(config: MockEngineConfig) -> grpc.ServerCredentials | None:
+    """TLS credentials from --tls-cert/--tls-key (and --tls-client-ca: mutual TLS); None:
+    plaintext."""
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    client_ca = config.tls_client_ca.read_bytes() if config.tls_client_ca is not None else None
+    return grpc.ssl_server_credentials(
+        [(config.tls_key.read_bytes(), config.tls_cert.read_bytes())],
+        root_certificates=client_ca,
+        require_client_auth=client_ca is not None,
+    )
+
+
 SERVICE_NAMES = {
     EngineProtocol.SGLANG: sglang_servicer.SERVICE_NAME,
     EngineProtocol.VLLM: vllm_servicer.SERVICE_NAME,
@@ -193,9 +206,15 @@ class MockEngineServer:
         engine = DataParallelEngine(ranks)
         server = grpc.aio.server(options=server_options(config.protocol))
 
+        credentials = server_credentials(config)
+
         def bind(candidate: int) -> int:
+            address = f"{config.host}:{candidate}"
             try:
-                bound = server.add_insecure_port(f"{config.host}:{candidate}")
+                if credentials is None:
+                    bound = server.add_insecure_port(address)
+                else:
+                    bound = server.add_secure_port(address, credentials)
             except RuntimeError as exc:  # grpc: "Failed to bind to address"
                 raise OSError(f"cannot bind {config.host}:{candidate}: {exc}") from None
             if bound == 0:
@@ -278,7 +297,7 @@ class MockEngineServer:
         self.disagg, self.faults = disagg, faults
         logger.info(
             "mock engine ready protocol=%s port=%d host=%s model=%s role=%s kv_transfer_port=%d "
-            "embedding=%s script_rules=%d",
+            "embedding=%s script_rules=%d tls=%s",
             config.protocol.value,
             port,
             config.host,
@@ -287,6 +306,7 @@ class MockEngineServer:
             disagg.port,
             config.embedding,
             len(config.script) if config.script is not None else 0,
+            "mutual" if config.tls_client_ca else "on" if credentials else "off",
         )
         return port
 

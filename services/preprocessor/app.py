@@ -1,9 +1,18 @@
 """The FastAPI app: everything but the generation endpoints (those are edge.py's).
 
 GET /health, /ready, /v1/models, /metrics, a 404 for anything under /v1/responses/ (no
-response is stored), and POST /debug/route, which runs a request's prompt stages and asks
-the router where it would go (with the request's session key, the x-session-id header or
-the body's `user`), sending nothing to an engine. Errors are OpenAI-shaped here too.
+response is stored), POST /debug/route, which runs a request's prompt stages and asks the
+router where it would go (with the request's session key, the x-session-id header or the
+body's `user`), sending nothing to an engine, and the admin API, which fleet owns and this
+app serves over HTTP:
+
+    GET    /admin/workers                  every configured worker: state, what was learned
+    POST   /admin/workers                  add one (body: a workers-file entry, JSON)
+    DELETE /admin/workers/{id}             remove one the admin API added
+    POST   /admin/workers/{id}/drain       no new requests; running streams finish
+    POST   /admin/workers/{id}/resume      routable again
+
+Who may call what is edge.py's (auth.py). Errors are OpenAI-shaped here too.
 """
 
 from __future__ import annotations
@@ -17,8 +26,12 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from switchyard.common.fleet_admin import FleetAdminError
 from switchyard.preprocessor.errors import (
+    INVALID_JSON,
     INVALID_REQUEST,
+    NOT_FOUND,
+    SERVICE_UNAVAILABLE,
     NoWorker,
     RequestError,
     as_request_error,
@@ -27,7 +40,7 @@ from switchyard.preprocessor.errors import (
 from switchyard.preprocessor.stages.context import CHAT, COMPLETIONS, SESSION_HEADER
 from switchyard.preprocessor.stages.endpoints import PROMPT_STAGES, parse, run_stages
 from switchyard.preprocessor.state import PreprocessorState
-from switchyard.protos.messages import RouteRequest
+from switchyard.protos.messages import RouteRequest, WorkerAdminReply, WorkerAdminRequest
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +107,56 @@ def create_app(state: PreprocessorState) -> FastAPI:
         session = request.headers.get(SESSION_HEADER)
         return await _debug_route(state, await request.body(), session)
 
+    @app.get("/admin/workers")
+    async def list_workers() -> Response:
+        return await _admin(state, WorkerAdminRequest(action="list"))
+
+    @app.post("/admin/workers")
+    async def add_worker(request: Request) -> Response:
+        try:
+            entry = orjson.loads(await request.body())
+        except orjson.JSONDecodeError as exc:
+            body = error_body(f"The body is not valid JSON: {exc}", INVALID_REQUEST, INVALID_JSON)
+            return _json(body, 400)
+        if not isinstance(entry, str | dict) or (
+            isinstance(entry, dict) and not all(isinstance(v, str) for v in entry.values())
+        ):
+            message = "Give the worker as a URL string or an object of strings {url, role, ...}."
+            return _json(error_body(message, INVALID_REQUEST, "invalid_value"), 400)
+        return await _admin(state, WorkerAdminRequest(action="add", entry=entry))
+
+    @app.delete("/admin/workers/{worker}")
+    async def remove_worker(worker: str) -> Response:
+        return await _admin(state, WorkerAdminRequest(action="remove", worker=worker))
+
+    @app.post("/admin/workers/{worker}/drain")
+    async def drain_worker(worker: str) -> Response:
+        return await _admin(state, WorkerAdminRequest(action="drain", worker=worker))
+
+    @app.post("/admin/workers/{worker}/resume")
+    async def resume_worker(worker: str) -> Response:
+        return await _admin(state, WorkerAdminRequest(action="resume", worker=worker))
+
     return app
+
+
+_ADMIN_CODES = {400: (INVALID_REQUEST, "invalid_value"), 404: (NOT_FOUND, "worker_not_found")}
+
+
+async def _admin(state: PreprocessorState, request: WorkerAdminRequest) -> Response:
+    try:
+        reply: WorkerAdminReply = await state.admin(request)
+    except FleetAdminError as exc:
+        body = error_body(f"Fleet did not answer: {exc}", SERVICE_UNAVAILABLE, "fleet_unavailable")
+        return _json(body, 503)
+    if reply.status >= 400:
+        kind, code = _ADMIN_CODES.get(reply.status, (INVALID_REQUEST, "conflict"))
+        return _json(error_body(reply.message, kind, code), reply.status)
+    workers = [msgspec.structs.asdict(w) for w in reply.workers]
+    if request.action == "list":
+        return _json(orjson.dumps({"object": "list", "data": workers}))
+    payload = {"message": reply.message, "worker": workers[0] if workers else None}
+    return _json(orjson.dumps(payload), reply.status)
 
 
 async def _debug_route(

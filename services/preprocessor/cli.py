@@ -3,20 +3,150 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import math
+import os
 from collections.abc import Callable
 
 import uvicorn
 
 from switchyard.common import endpoints
+from switchyard.common.engines.tls import add_engine_tls_arguments, engine_tls_from_args
 from switchyard.common.logs import add_logging_arguments, setup_logging
 from switchyard.common.metrics import add_metrics_arguments, serve_metrics
 from switchyard.common.ports import add_port_arguments, bind_tcp, write_ready_file
+from switchyard.preprocessor import admission
 from switchyard.preprocessor.app import create_app
+from switchyard.preprocessor.auth import ADMIN_TOKEN_ENV, KEYS_ENV, Access, KeyRing, keys_from_env
 from switchyard.preprocessor.edge import Edge
 from switchyard.preprocessor.parsers.registry import reasoning_format, tool_parser_class
+from switchyard.preprocessor.serving import GracefulServer
 from switchyard.preprocessor.state import PreprocessorConfig, PreprocessorState
 from switchyard.preprocessor.tokenizer import OFFLOAD_CHARS, TOKENIZER_FILE
 from switchyard.preprocessor.tokenizer_source import parse_tokenizer_flags
+
+log = logging.getLogger("switchyard.preprocessor")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    value = _seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def add_guardrail_arguments(parser: argparse.ArgumentParser) -> None:
+    """Keys, admission limits, deadlines, shutdown (also `switchyard up`'s)."""
+    auth = parser.add_argument_group(
+        "access (/health is always open)",
+        "/v1 routes need a client key when any is configured; /ready, /metrics, /debug and "
+        "/admin need the admin token on the API port, or the admin listener",
+    )
+    auth.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help=f"a client key (repeatable; visible in ps: prefer {KEYS_ENV}, comma-separated, "
+        "or --api-keys-file); default: none, the API is open",
+    )
+    auth.add_argument(
+        "--api-keys-file",
+        default=None,
+        metavar="PATH",
+        help="client keys, one per line (# comments), re-read within a second of a change; "
+        "turns authentication on even while empty",
+    )
+    auth.add_argument(
+        "--admin-token",
+        default=None,
+        metavar="TOKEN",
+        help=f"Bearer token for /ready, /metrics, /debug and /admin on the API port (or "
+        f"{ADMIN_TOKEN_ENV}); default: none",
+    )
+    auth.add_argument(
+        "--admin-host",
+        default="127.0.0.1",
+        help="the admin listener's host (default 127.0.0.1: loopback only)",
+    )
+    auth.add_argument(
+        "--admin-port",
+        type=int,
+        default=None,
+        help="serve /health, /ready, /metrics, /debug and /admin without a token on this port "
+        "(0: a free one, see --ready-file); default: no admin listener",
+    )
+    limits = parser.add_argument_group(
+        "admission and deadlines", "beyond the limits a request gets 429 with Retry-After"
+    )
+    limits.add_argument(
+        "--max-concurrent-requests",
+        type=_count,
+        default=admission.DEFAULT_MAX_CONCURRENT,
+        metavar="N",
+        help="generation requests this process runs at once (0: no limit; default "
+        f"{admission.DEFAULT_MAX_CONCURRENT})",
+    )
+    limits.add_argument(
+        "--max-queued-requests",
+        type=_count,
+        default=admission.DEFAULT_MAX_QUEUED,
+        metavar="N",
+        help="requests that may wait for a slot; more get 429 at once (default "
+        f"{admission.DEFAULT_MAX_QUEUED})",
+    )
+    limits.add_argument(
+        "--queue-timeout",
+        type=_positive_seconds,
+        default=admission.DEFAULT_QUEUE_TIMEOUT,
+        metavar="SECONDS",
+        help="a queued request waits this long for a slot, then gets 429 (default "
+        f"{admission.DEFAULT_QUEUE_TIMEOUT:g})",
+    )
+    limits.add_argument(
+        "--max-requests-per-key",
+        type=_count,
+        default=0,
+        metavar="N",
+        help="requests one client key may have running or queued (0: no limit; default 0)",
+    )
+    limits.add_argument(
+        "--request-timeout",
+        type=_seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="a request's total deadline, queueing included; past it its engine requests are "
+        "aborted and the client gets 504 (an error event once streaming). A client may ask "
+        "for less with the request-timeout-ms header. 0: none (default 0)",
+    )
+    limits.add_argument(
+        "--shutdown-grace",
+        type=_seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM: stop accepting, let running requests finish this long, then end "
+        "them with an error (default 30)",
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -153,6 +283,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="benchmark mode: time every request stage into "
         "switchyard_preprocessor_stage_seconds{stage}",
     )
+    add_guardrail_arguments(parser)
+    add_engine_tls_arguments(parser)  # GetTokenizer over grpcs://
     add_metrics_arguments(parser, "preprocessor")  # /metrics is also served on the HTTP port
     add_port_arguments(parser)
     add_logging_arguments(parser)
@@ -171,6 +303,22 @@ def run(args: argparse.Namespace) -> int:
         tool_parsers = _parser_flags(args.tool_call_parser, tool_parser_class)
         reasoning_parsers = _parser_flags(args.reasoning_parser, reasoning_format)
     except ValueError as exc:
+        raise SystemExit(f"preprocessor: {exc}") from None
+    try:
+        engine_tls = engine_tls_from_args(args)
+        limits = admission.Limits(
+            args.max_concurrent_requests,
+            args.max_queued_requests,
+            args.queue_timeout,
+            args.max_requests_per_key,
+        )
+        keys = KeyRing([*args.api_key, *keys_from_env()], args.api_keys_file)
+        access = Access(
+            keys,
+            args.admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None,
+            args.admin_port,
+        )
+    except (ValueError, OSError, UnicodeDecodeError) as exc:
         raise SystemExit(f"preprocessor: {exc}") from None
     # Bound first (uvicorn listens on it once the app started): port 0 is searched in
     # --port-range and reported, so no other process ever picks the number for us; and the
@@ -205,15 +353,27 @@ def run(args: argparse.Namespace) -> int:
             otlp_endpoint=args.otlp_endpoint,
             trace_sample_ratio=args.trace_sample_ratio,
             instance=instance,
+            engine_tls=engine_tls,
+            request_timeout=args.request_timeout,
+            admission=limits,
+            shutdown_grace=args.shutdown_grace,
         )
     except ValueError as exc:
         raise SystemExit(f"preprocessor: {exc}") from None
-    state = PreprocessorState(config)
+    state = PreprocessorState(config, access=access)
     metrics_port = serve_metrics(
         state.metrics.registry, args.metrics_host, args.metrics_port, args.port_range
     )
-    app = Edge(create_app(state), state.deps, args.max_body_bytes, state.access_log)
-    server = uvicorn.Server(
+    app = Edge(
+        create_app(state),
+        state.deps,
+        args.max_body_bytes,
+        state.access_log,
+        access,
+        state.admission,
+        args.request_timeout,
+    )
+    server = GracefulServer(
         uvicorn.Config(
             app,
             host=args.host,
@@ -224,10 +384,36 @@ def run(args: argparse.Namespace) -> int:
             access_log=False,
             log_config=None,
             timeout_keep_alive=args.keep_alive_timeout,
-        )
+        ),
+        state,
+        args.shutdown_grace,
     )
-    write_ready_file(args.ready_file, {"port": port, "metrics_port": metrics_port})
-    server.run(sockets=[sock])
+    sockets = [sock]
+    admin_port = None
+    if args.admin_port is not None:
+        try:
+            admin_sock = bind_tcp(args.admin_host, args.admin_port, args.port_range)
+        except OSError as exc:
+            raise SystemExit(
+                f"preprocessor: cannot bind the admin listener {args.admin_host}:"
+                f"{args.admin_port}: {exc}"
+            ) from None
+        admin_port = int(admin_sock.getsockname()[1])
+        access.admin_port = admin_port
+        sockets.append(admin_sock)
+        if args.admin_host not in ("127.0.0.1", "::1", "localhost"):
+            log.warning(
+                "the admin listener on %s:%d serves /admin and /metrics without a token: "
+                "keep it off untrusted networks",
+                args.admin_host,
+                admin_port,
+            )
+    for warning in access.warnings(f"{args.host}:{port}"):
+        log.warning("%s", warning)
+    write_ready_file(
+        args.ready_file, {"port": port, "metrics_port": metrics_port, "admin_port": admin_port}
+    )
+    server.run(sockets=sockets)
     return 0
 
 

@@ -1,12 +1,18 @@
-"""The HTTP edge: generation endpoints as plain ASGI, in front of the FastAPI app.
+"""The HTTP edge: access checks for every route, and generation endpoints as plain ASGI, in
+front of the FastAPI app.
 
-Through FastAPI every streamed chunk would pass the send wrappers of its middleware, and
-StreamingResponse (uvicorn speaks ASGI spec 2.3) runs an anyio task group per request. Here
-POST /v1/chat/completions, /v1/completions, /v1/embeddings and /v1/responses read their body
-(413 past --max-body-bytes) and go straight to the stages (stages/endpoints.serve), whose
-frames go straight to uvicorn's send. One plain task per request watches for the client
-going away, streaming or not: the request is then cancelled, which aborts its engine
-requests. Every other request, and the lifespan, is FastAPI's.
+Every request is checked first (auth.py): /v1 routes need a client key, the operator's routes
+the admin token (or the admin listener); a 401 costs nothing but the headers. Through FastAPI
+every streamed chunk would pass the send wrappers of its middleware, and StreamingResponse
+(uvicorn speaks ASGI spec 2.3) runs an anyio task group per request. Here POST
+/v1/chat/completions, /v1/completions, /v1/embeddings and /v1/responses take a place in
+admission control (admission.py: 429 with Retry-After beyond its limits) before their body is
+read (413 past --max-body-bytes), then go straight to the stages (stages/endpoints.serve),
+whose frames go straight to uvicorn's send. One plain task per request watches for the client
+going away, waiting for a slot, streaming or not: the request is then cancelled, which aborts
+its engine requests. A request's deadline is --request-timeout, or shorter with the client's
+`request-timeout-ms` header. Each request gets its id (X-Request-Id), its access line and its
+trace here. Every other request, and the lifespan, is FastAPI's.
 """
 
 from __future__ import annotations
@@ -21,7 +27,15 @@ from fastapi import FastAPI
 
 from switchyard.preprocessor import request_ids
 from switchyard.preprocessor.access_log import CLIENT_GONE, AccessLog, request_fields
-from switchyard.preprocessor.errors import INVALID_REQUEST, RequestError
+from switchyard.preprocessor.admission import Admission
+from switchyard.preprocessor.auth import OPEN_PATHS, Access, KeyRing, is_admin_path
+from switchyard.preprocessor.errors import (
+    INVALID_REQUEST,
+    AuthenticationError,
+    RateLimitError,
+    RequestError,
+    error_body,
+)
 from switchyard.preprocessor.stages.context import (
     CHAT,
     COMPLETIONS,
@@ -51,6 +65,7 @@ STREAM_HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 JSON_HEADERS = [(b"content-type", b"application/json")]
+TIMEOUT_HEADER = b"request-timeout-ms"  # the client's deadline (the openai SDK's proposal)
 _SESSION = SESSION_HEADER.encode()
 
 
@@ -59,18 +74,18 @@ class ClientGone(Exception):
 
 
 class AsgiOut:
-    """The response half of one ASGI exchange (stages.sinks.HttpOut); every response carries
-    the request's X-Request-Id."""
+    """The response half of one ASGI exchange (stages.sinks.HttpOut); every response of a
+    request that has an id carries it as X-Request-Id."""
 
     __slots__ = ("_send", "_id", "done")
 
-    def __init__(self, send: Send, request_id: str) -> None:
+    def __init__(self, send: Send, request_id: str = "") -> None:
         self._send = send
-        self._id = (b"x-request-id", request_id.encode("latin-1"))
+        self._id = [(b"x-request-id", request_id.encode("latin-1"))] if request_id else []
         self.done = False  # the last message went out: a disconnect now is the normal end
 
     async def start_stream(self) -> None:
-        headers = [*STREAM_HEADERS, self._id]
+        headers = [*STREAM_HEADERS, *self._id]
         await self._send({"type": "http.response.start", "status": 200, "headers": headers})
 
     async def write(self, data: bytes) -> None:
@@ -80,11 +95,27 @@ class AsgiOut:
         self.done = True
         await self._send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def respond(self, status: int, body: bytes) -> None:
+    async def respond(
+        self, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
         self.done = True
-        headers = [*JSON_HEADERS, (b"content-length", str(len(body)).encode()), self._id]
+        headers = [*JSON_HEADERS, (b"content-length", str(len(body)).encode()), *self._id]
+        if extra:
+            headers += extra
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def error_headers(exc: RequestError) -> list[tuple[bytes, bytes]]:
+    if isinstance(exc, RateLimitError):
+        return [(b"retry-after", str(exc.retry_after).encode())]
+    if isinstance(exc, AuthenticationError):
+        return [(b"www-authenticate", b'Bearer realm="switchyard"')]
+    return []
+
+
+async def respond_error(send: Send, exc: RequestError) -> None:
+    await AsgiOut(send).respond(exc.status, exc.body(), error_headers(exc))
 
 
 class Edge:
@@ -94,41 +125,110 @@ class Edge:
         deps: Deps | None,
         max_body_bytes: int,
         access_log: AccessLog | None = None,
+        access: Access | None = None,
+        admission: Admission | None = None,
+        request_timeout: float = 0.0,
     ) -> None:
         self.app = app
         self.deps = deps
         self.max_body_bytes = max_body_bytes
         self.access_log = access_log  # None: --no-access-log
+        self.access = access or Access(KeyRing())
+        self.admission = admission or Admission()
+        self.request_timeout = request_timeout  # seconds; 0: no deadline
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            endpoint = GENERATION_PATHS.get(scope["path"])
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        access = self.access
+        if path in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        server = scope.get("server")
+        if access.admin_port is not None and server and server[1] == access.admin_port:
+            if is_admin_path(path):
+                await self.app(scope, receive, send)
+            else:  # the admin listener serves the operator's routes only
+                body = error_body(
+                    f"{path} is not served on the admin listener.", INVALID_REQUEST, "not_found"
+                )
+                await AsgiOut(send).respond(404, body)
+            return
+        key = None
+        try:
+            if path.startswith("/v1/"):
+                key = access.client(scope["headers"])
+            elif is_admin_path(path):
+                access.admin(scope["headers"])
+        except AuthenticationError as exc:
+            await respond_error(send, exc)
+            return
+        if scope["method"] == "POST":
+            endpoint = GENERATION_PATHS.get(path)
             if endpoint is not None:
-                await self._generate(endpoint, scope, receive, send)
+                await self._generate(endpoint, key, scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
-    async def _generate(self, endpoint: str, scope: Scope, receive: Receive, send: Send) -> None:
+    def _timeout(self, scope: Scope) -> float:
+        """The request's deadline: --request-timeout, or the client's shorter one."""
+        server = self.request_timeout
+        for name, value in scope["headers"]:
+            if name == TIMEOUT_HEADER:
+                try:
+                    client = float(value) / 1000.0
+                except ValueError:
+                    client = -1.0
+                if not 0 < client < float("inf"):
+                    raise RequestError(
+                        400,
+                        "The request-timeout-ms header must be a positive number of milliseconds.",
+                        INVALID_REQUEST,
+                        "invalid_value",
+                        "request-timeout-ms",
+                    )
+                return min(server, client) if server else client
+        return server
+
+    async def _generate(
+        self, endpoint: str, key: bytes | None, scope: Scope, receive: Receive, send: Send
+    ) -> None:
         received = time.perf_counter()
         deps = self.deps
         assert deps is not None
         exchange, refused = _exchange(endpoint, scope, deps)
         http = AsgiOut(send, exchange.request_id)
         status = CLIENT_GONE
+        ticket = None
         try:
             if refused is not None:
                 raise refused
+            timeout = self._timeout(scope)
+            ticket = self.admission.enter(key)
             body = await self._body(receive)
-            status = await _until_client_leaves(
-                serve(deps, endpoint, body, received, http, exchange), receive, http
-            )
+
+            async def answer() -> int:
+                assert ticket is not None and deps is not None
+                try:
+                    await ticket.wait()
+                except RequestError as exc:  # the queue timed out, or shutting down
+                    exchange.error = exc.code
+                    await http.respond(exc.status, exc.body(), error_headers(exc))
+                    return exc.status
+                return await serve(deps, endpoint, body, received, http, exchange, timeout)
+
+            status = await _until_client_leaves(answer(), receive, http)
         except ClientGone:
             pass
         except RequestError as exc:
             exchange.error = exc.code
             status = exc.status
-            await http.respond(exc.status, exc.body())
+            await http.respond(exc.status, exc.body(), error_headers(exc))
         finally:
+            if ticket is not None:
+                ticket.release()
             _account(deps, endpoint, exchange, status)
             if self.access_log is not None:
                 self.access_log.write("POST", exchange, status)

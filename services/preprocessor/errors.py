@@ -6,7 +6,12 @@
      |    |     codes: invalid_json, missing_field, invalid_type, invalid_value,
      |    |            unknown_field, unsupported_value, context_length_exceeded
      |    +-- ModelNotFoundError         404  not_found_error       code model_not_found
-     |    +-- ServiceUnavailableError    503  service_unavailable   code no_engine_available
+     |    +-- ServiceUnavailableError    503  service_unavailable   code no_engine_available,
+     |    |                                                          shutting_down, ...
+     |    +-- AuthenticationError        401  invalid_request_error code invalid_api_key
+     |    +-- RateLimitError             429  rate_limit_error      code rate_limit_exceeded
+     |    |                                   (retry_after: the Retry-After header, seconds)
+     |    +-- DeadlineExceededError      504  timeout_error         code request_timeout
      +-- NoWorker(reason, model)              no engine can take the request (router's reason)
      +-- TokenizerLoadError                   a tokenizer folder or zip could not be loaded
 
@@ -82,6 +87,41 @@ class ModelNotFoundError(RequestError):
 class ServiceUnavailableError(RequestError):
     def __init__(self, message: str, code: str = NO_ENGINE_AVAILABLE) -> None:
         super().__init__(503, message, SERVICE_UNAVAILABLE, code)
+
+
+SHUTTING_DOWN = "shutting_down"
+
+
+class AuthenticationError(RequestError):
+    """401: no key, or not one of the configured keys (the key itself is never echoed)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(401, message, INVALID_REQUEST, "invalid_api_key")
+
+
+class RateLimitError(RequestError):
+    """429: over the admission limits; the client may retry after `retry_after` seconds."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(429, message, "rate_limit_error", "rate_limit_exceeded")
+        self.retry_after = retry_after
+
+
+class DeadlineExceededError(RequestError):
+    """504: the request ran past its deadline (--request-timeout or request-timeout-ms)."""
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(
+            504,
+            f"The request did not complete within its deadline of {timeout:g}s.",
+            "timeout_error",
+            "request_timeout",
+        )
+
+
+class ShuttingDownError(ServiceUnavailableError):
+    def __init__(self, message: str = "The server is shutting down; retry elsewhere.") -> None:
+        super().__init__(message, SHUTTING_DOWN)
 
 
 class NoWorker(Exception):

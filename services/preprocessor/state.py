@@ -12,9 +12,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import orjson
+import zmq.asyncio
 
+from switchyard.common.engines.tls import EngineTls
+from switchyard.common.fleet_admin import fleet_admin
 from switchyard.common.fleet_client import FleetClient
 from switchyard.preprocessor.access_log import AccessLog
+from switchyard.preprocessor.admission import Admission, AdmissionCollector
+from switchyard.preprocessor.admission import Limits as AdmissionLimits
+from switchyard.preprocessor.auth import Access, KeyRing
 from switchyard.preprocessor.catalog import ModelEntry, build_catalog
 from switchyard.preprocessor.dispatcher_client import DispatcherClient
 from switchyard.preprocessor.metrics import PreprocessorMetrics
@@ -24,6 +30,7 @@ from switchyard.preprocessor.stages.context import Deps, Limits
 from switchyard.preprocessor.stages.timing import StageTimer
 from switchyard.preprocessor.tokenizer import OFFLOAD_CHARS, TokenizerBundle
 from switchyard.preprocessor.tokenizer_source import ModelTokenizers
+from switchyard.protos.messages import WorkerAdminReply, WorkerAdminRequest
 
 if TYPE_CHECKING:
     from switchyard.preprocessor.tracing import Tracing
@@ -55,6 +62,11 @@ class PreprocessorConfig:
     otlp_endpoint: str | None = None  # tracing: OTLP/gRPC collector; None: tracing off
     trace_sample_ratio: float = 1.0  # of the traces that start here (a client's flag wins)
     instance: str = ""  # this process's URL (logs, trace resource)
+    engine_tls: EngineTls | None = None  # grpcs:// engines (GetTokenizer)
+    request_timeout: float = 0.0  # a request's total deadline (0: none)
+    admission: AdmissionLimits = field(default_factory=AdmissionLimits)
+    shutdown_grace: float = 30.0  # SIGTERM: in-flight requests may finish this long
+    admin_timeout: float = 5.0  # for fleet to answer an admin call
 
     def __post_init__(self) -> None:
         if not self.dispatchers or not self.routers:
@@ -69,12 +81,17 @@ class PreprocessorConfig:
             raise ValueError("--tokenize-offload-chars must be >= 0")
         if not 0.0 <= self.trace_sample_ratio <= 1.0:
             raise ValueError("--trace-sample-ratio must be within [0, 1]")
+        if not 0 <= self.request_timeout < float("inf"):
+            raise ValueError("--request-timeout must be >= 0 (0: no deadline)")
+        if not 0 <= self.shutdown_grace < float("inf"):
+            raise ValueError("--shutdown-grace must be >= 0")
 
 
 @dataclass
 class PreprocessorState:
     config: PreprocessorConfig
     catalog: dict[str, ModelEntry] = field(default_factory=dict)
+    access: Access = field(default_factory=lambda: Access(KeyRing()))
 
     def __post_init__(self) -> None:
         cfg = self.config
@@ -84,8 +101,12 @@ class PreprocessorState:
         self.dispatcher = DispatcherClient(cfg.dispatchers, cfg.dispatcher_wait)
         self._parser_choices: dict[tuple[str, int], ParserChoice] = {}
         self.tokenizers = ModelTokenizers(
-            lambda: self.fleet.instances, cfg.tokenizer_dir, cfg.tokenizer_dirs
+            lambda: self.fleet.instances, cfg.tokenizer_dir, cfg.tokenizer_dirs, tls=cfg.engine_tls
         )
+        self.admission = Admission(cfg.admission)
+        self.metrics.registry.register(AdmissionCollector(self.admission))
+        self._zmq: zmq.asyncio.Context | None = None  # the admin calls' sockets (lazily)
+        self._tasks: list[asyncio.Task[None]] = []
         self.deps = Deps(
             router=self.router,
             dispatcher=self.dispatcher,
@@ -133,6 +154,14 @@ class PreprocessorState:
     def _on_change(self, events: object) -> None:
         self.catalog = build_catalog(self.fleet.instances)
         self.tokenizers.sync(self.catalog)
+
+    async def admin(self, request: WorkerAdminRequest) -> WorkerAdminReply:
+        """One call to fleet's admin API (FleetAdminError when fleet does not answer)."""
+        if self._zmq is None:
+            self._zmq = zmq.asyncio.Context()
+        return await fleet_admin(
+            self._zmq, self.config.fleet_control, request, self.config.admin_timeout
+        )
 
     def not_ready_reason(self) -> str:
         """Ready when a request could succeed now: some served model has a routable engine
@@ -187,6 +216,8 @@ class PreprocessorState:
         await self.fleet.start()
         self.catalog = build_catalog(self.fleet.instances)
         self.tokenizers.sync(self.catalog)
+        if self.access.keys.file is not None:
+            self._tasks.append(asyncio.create_task(self.access.keys.watch(), name="api-keys"))
         if self.config.listen_when_ready_s > 0:
             await self._until_ready(self.config.listen_when_ready_s)
         try:
@@ -194,6 +225,11 @@ class PreprocessorState:
         finally:
             if self.deps.tracing is not None:
                 self.deps.tracing.shutdown()  # exports the spans still pending
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            if self._zmq is not None:
+                self._zmq.term()
             await self.tokenizers.close()
             await self.fleet.close()
             await self.router.close()

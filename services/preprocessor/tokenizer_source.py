@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from switchyard.common.engines.connect import client_for
+from switchyard.common.engines.tls import EngineTls
 from switchyard.common.errors import EngineError
 from switchyard.preprocessor.errors import TokenizerLoadError
 from switchyard.preprocessor.tokenizer import TokenizerBundle
@@ -45,7 +46,10 @@ def parse_tokenizer_flags(values: Iterable[str | Path]) -> tuple[Path | None, di
 
 
 async def fetch_from_engines(
-    instances: Instances, model: str | None = None, retry_interval: float = 1.0
+    instances: Instances,
+    model: str | None = None,
+    retry_interval: float = 1.0,
+    tls: EngineTls | None = None,
 ) -> TokenizerBundle:
     """Try each known engine (of `model`, when given) until one hands over a tokenizer that
     loads."""
@@ -53,7 +57,7 @@ async def fetch_from_engines(
         for inst in list(instances().values()):
             if model is not None and inst.model != model:
                 continue
-            client = client_for(inst.protocol, inst.url, inst.instance_id)
+            client = client_for(inst.protocol, inst.url, inst.instance_id, tls)
             try:
                 data = await client.fetch_tokenizer()
                 dest = tempfile.mkdtemp(prefix="switchyard-tokenizer-")
@@ -80,8 +84,10 @@ class ModelTokenizers:
         default_dir: Path | None = None,
         per_model: Mapping[str, Path] | None = None,
         retry_interval: float = 1.0,
+        tls: EngineTls | None = None,
     ) -> None:
         self._instances = instances
+        self._tls = tls
         self._default_dir = default_dir
         self._per_model = dict(per_model or {})
         self._retry_interval = retry_interval
@@ -111,7 +117,9 @@ class ModelTokenizers:
     async def _load(self, model: str) -> None:
         folder = self._per_model.get(model, self._default_dir)
         if folder is None:
-            bundle = await fetch_from_engines(self._instances, model, self._retry_interval)
+            bundle = await fetch_from_engines(
+                self._instances, model, self._retry_interval, self._tls
+            )
         else:
             try:
                 bundle = await self._load_dir(folder)

@@ -7,6 +7,7 @@ import asyncio
 import logging
 
 from switchyard.common import endpoints
+from switchyard.common.engines.tls import add_engine_tls_arguments, engine_tls_from_args
 from switchyard.common.logs import add_logging_arguments, setup_logging
 from switchyard.common.metrics import add_metrics_arguments, serve_metrics
 from switchyard.common.ports import add_port_arguments, write_ready_file
@@ -128,6 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=600.0,
         help="seconds after which an unfinished request stops counting as load",
     )
+    add_engine_tls_arguments(parser)  # SubscribeKvEvents and GetLoads over grpcs://
     add_metrics_arguments(parser, "router")
     add_port_arguments(parser)
     add_logging_arguments(parser)
@@ -160,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
     logs = setup_logging("router", args.log_level, args.log_format)
     try:
         listener = listener_from_args(args)
+        tls = engine_tls_from_args(args)
         core = RouterCore(
             routing_from_args(args),
             tracker=InFlightTracker(args.request_ttl),
@@ -178,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
             listener=listener,
             load_poll_interval=args.load_poll_interval,
             silence_after=args.kv_silence_warning,
+            tls=tls,
         )
         metrics_port = serve_metrics(
             service.metrics.registry, args.metrics_host, args.metrics_port, args.port_range

@@ -14,6 +14,8 @@ import zmq
 import zmq.asyncio
 from smg_grpc_proto.generated import common_pb2
 
+from switchyard.common.engines.connect import client_for
+from switchyard.common.engines.tls import EngineTls
 from switchyard.common.fleet_client import FleetClient
 from switchyard.common.messaging import LoopSocket, bound_endpoint, decode_routed, new_socket
 from switchyard.common.ports import PortRange
@@ -51,6 +53,7 @@ class RouterService:
         listener: ListenerSpec | None = None,
         load_poll_interval: float = 0.5,
         silence_after: float = 30.0,
+        tls: EngineTls | None = None,
     ) -> None:
         self.core = core
         self.bind = bind
@@ -66,12 +69,18 @@ class RouterService:
                 on_load=self._on_load,
                 silence_after=silence_after,
                 clock=clock,
+                open_client=lambda i: client_for(i.protocol, i.url, i.instance_id, tls),
             )
             if core.needs & Needs.BLOCKS
             else None
         )
         self.poller = (
-            LoadPoller(core.engine_loads, load_poll_interval, clock=clock)
+            LoadPoller(
+                core.engine_loads,
+                load_poll_interval,
+                clock=clock,
+                open_client=lambda i: client_for(i.protocol, i.url, i.instance_id, tls),
+            )
             if core.needs & Needs.ENGINE_LOAD and load_poll_interval > 0
             else None
         )

@@ -59,7 +59,7 @@ class TestSupervisor:
     def test_stop_all_stops_everything(self):
         sup = Supervisor()
         procs = [sup.start(ChildSpec(f"s{i}", SLEEP.argv)) for i in range(3)]
-        sup.stop_all(grace=5)
+        sup.stop_all()
         assert all(p.poll() is not None for p in procs)
 
 

@@ -130,8 +130,10 @@ class EngineClient(abc.ABC):
     def __init__(self, channel: grpc.aio.Channel, instance_id: int | None = None) -> None:
         self.channel = channel
         self.instance_id = instance_id
+        self.closed = False  # close() was called: every call on it fails (disconnected)
 
     async def close(self) -> None:
+        self.closed = True
         await self.channel.close()
 
     def _error(self, exc: BaseException) -> EngineError:
@@ -142,27 +144,45 @@ class EngineClient(abc.ABC):
     proto: ClassVar[Any]
     stub: Any
 
-    async def health(self, timeout: float) -> bool:
+    def _closed(self) -> EngineError:
+        return EngineError(
+            errors.DISCONNECTED, "the channel to the engine was closed", self.instance_id
+        )
+
+    async def _rpc(
+        self,
+        method: Any,
+        request: Any,
+        timeout: float | None,
+        metadata: tuple[tuple[str, str], ...] | None = None,
+    ) -> Any:
+        """One unary call; every way it can fail is an EngineError. A channel closed under
+        the call (the instance was removed) is kind `disconnected`: grpc.aio raises
+        UsageError for a call on a closed channel and cancels the calls in flight, which
+        must not pass for the caller's own cancellation (it once killed fleet's probe loop)."""
         try:
-            reply = await self.stub.HealthCheck(self.proto.HealthCheckRequest(), timeout=timeout)
+            return await method(request, timeout=timeout, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
             raise self._error(exc) from exc
+        except grpc.aio.UsageError:
+            raise self._closed() from None
+        except asyncio.CancelledError:
+            if _caller_cancelled():
+                raise
+            raise self._closed() from None
+
+    async def health(self, timeout: float) -> bool:
+        reply = await self._rpc(self.stub.HealthCheck, self.proto.HealthCheckRequest(), timeout)
         return bool(reply.healthy)
 
     async def _model_and_server_info(self, timeout: float) -> tuple[Any, Any]:
-        try:
-            proto = self.proto
-            model = await self.stub.GetModelInfo(proto.GetModelInfoRequest(), timeout=timeout)
-            server = await self.stub.GetServerInfo(proto.GetServerInfoRequest(), timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise self._error(exc) from exc
+        proto = self.proto
+        model = await self._rpc(self.stub.GetModelInfo, proto.GetModelInfoRequest(), timeout)
+        server = await self._rpc(self.stub.GetServerInfo, proto.GetServerInfoRequest(), timeout)
         return model, server
 
     async def load(self, timeout: float) -> EngineLoad:
-        try:
-            reply = await self.stub.GetLoads(self.proto.GetLoadsRequest(), timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise self._error(exc) from exc
+        reply = await self._rpc(self.stub.GetLoads, self.proto.GetLoadsRequest(), timeout)
         running = sum(load.num_running_reqs for load in reply.loads)
         waiting = sum(load.num_waiting_reqs for load in reply.loads)
         return EngineLoad(running, waiting)
@@ -231,10 +251,8 @@ class EngineClient(abc.ABC):
     def _call(self, built: Any, metadata: tuple[tuple[str, str], ...] | None = None) -> Any:
         try:
             return self.stub.Generate(built, metadata=metadata)
-        except grpc.aio.UsageError as exc:  # the channel was closed (instance removed)
-            raise EngineError(
-                errors.DISCONNECTED, f"channel closed: {exc}", self.instance_id
-            ) from exc
+        except grpc.aio.UsageError:  # the channel was closed (instance removed)
+            raise self._closed() from None
 
     async def _generate_plain(
         self, request: GenerateRequest, built: Any
@@ -263,9 +281,7 @@ class EngineClient(abc.ABC):
             if _caller_cancelled():
                 raise
             # grpc.aio cancels the calls of a channel that is closed under them.
-            raise EngineError(
-                errors.DISCONNECTED, "the channel to the engine was closed", self.instance_id
-            ) from None
+            raise self._closed() from None
         finally:
             call.cancel()
         raise EngineError(errors.DISCONNECTED, "stream ended without complete", self.instance_id)
@@ -331,9 +347,7 @@ class EngineClient(abc.ABC):
             if _caller_cancelled():
                 raise
             # grpc.aio cancels the calls of a channel that is closed under them.
-            raise EngineError(
-                errors.DISCONNECTED, "the channel to the engine was closed", self.instance_id
-            ) from None
+            raise self._closed() from None
         finally:
             call.cancel()
         raise EngineError(errors.DISCONNECTED, "stream ended without complete", self.instance_id)
@@ -346,12 +360,9 @@ class EngineClient(abc.ABC):
         metadata: tuple[tuple[str, str], ...] | None = None,
     ) -> Embedding:
         """One input's embedding (the Embed RPC). Raises EngineError."""
-        try:
-            reply = await self.stub.Embed(
-                self.build_embed_request(request_id, token_ids), timeout=timeout, metadata=metadata
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise self._error(exc) from exc
+        reply = await self._rpc(
+            self.stub.Embed, self.build_embed_request(request_id, token_ids), timeout, metadata
+        )
         vector = array.array("f", reply.embedding)
         dimensions = reply.embedding_dim or len(vector)
         if dimensions != len(vector):
@@ -378,6 +389,12 @@ class EngineClient(abc.ABC):
                     digest = chunk.sha256
         except grpc.aio.AioRpcError as exc:
             raise self._error(exc) from exc
+        except grpc.aio.UsageError:
+            raise self._closed() from None
+        except asyncio.CancelledError:
+            if _caller_cancelled():
+                raise
+            raise self._closed() from None
         data = b"".join(parts)
         if not digest or hashlib.sha256(data).hexdigest() != digest.lower():
             raise EngineError(

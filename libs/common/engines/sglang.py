@@ -195,9 +195,8 @@ class SglangClient(EngineClient):
         return int(done.reasoning_tokens)
 
     async def abort(self, request_id: str, timeout: float = 2.0) -> None:
-        try:
-            await self.stub.Abort(
-                pb.AbortRequest(request_id=request_id, reason="client cancelled"), timeout=timeout
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise self._error(exc) from exc
+        await self._rpc(
+            self.stub.Abort,
+            pb.AbortRequest(request_id=request_id, reason="client cancelled"),
+            timeout,
+        )

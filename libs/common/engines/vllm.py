@@ -134,7 +134,4 @@ class VllmClient(EngineClient):
         return done.kv_transfer_params_json or None
 
     async def abort(self, request_id: str, timeout: float = 2.0) -> None:
-        try:
-            await self.stub.Abort(pb.AbortRequest(request_ids=[request_id]), timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise self._error(exc) from exc
+        await self._rpc(self.stub.Abort, pb.AbortRequest(request_ids=[request_id]), timeout)

@@ -30,6 +30,7 @@ class FakeEngine:
     def __init__(self, events, error=None, hang=False):
         self.events, self.error, self.hang = events, error, hang
         self.aborted: list[str] = []
+        self.closed = False
 
     async def generate(self, request):
         for event in self.events:
@@ -140,3 +141,13 @@ class TestChannelClosedUnderAStream:
             again: list = []
             await run_generation(client, request, again.append, print)
             assert again[-1].kind == errors.DISCONNECTED
+
+    async def test_whatever_a_closed_channel_raises_is_disconnected(self):
+        """Issue 11: a task on a closed channel died with UsageError('Channel is closed.')
+        and sent no failure; whatever the exception, a closed client means migrate now."""
+        engine = FakeEngine([TokenDelta("r1", [5])], error=RuntimeError("Channel is closed."))
+        engine.closed = True
+        sent: list = []
+        await run_generation(engine, REQ, sent.append, print)
+        assert isinstance(sent[-1], GenerateFailed) and sent[-1].kind == errors.DISCONNECTED
+        assert errors.DISCONNECTED in errors.MIGRATABLE

@@ -21,6 +21,7 @@ from switchyard.preprocessor.openai_requests import (
 from switchyard.preprocessor.parsers import ParserChoice
 from switchyard.preprocessor.reply_queue import ReplyQueue
 from switchyard.preprocessor.stages.timing import StageTimer
+from switchyard.preprocessor.stages.watchdog import Shutdown
 from switchyard.preprocessor.tokenizer import TokenizerBundle
 from switchyard.protos.messages import Instance, SamplingParams
 
@@ -67,6 +68,7 @@ class Deps:
     limits: Limits = Limits()
     timer: StageTimer | None = None  # --stage-timing: a benchmark mode
     tracing: Tracing | None = None  # --otlp-endpoint: OpenTelemetry spans per request
+    shutdown: Shutdown = field(default_factory=Shutdown)  # every running request's watchdog
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +82,8 @@ class RequestInput:
     # X-Request-Id ("" : the request id itself, a minted one is unique).
     engine_prefix: str = ""
     session_id: str | None = None  # the x-session-id header, else the body's `user`
+
+    timeout: float = 0.0  # the request's deadline, seconds after `received` (0: none)
 
     @property
     def engine_id(self) -> str:

@@ -16,6 +16,7 @@ before the first byte of the answer, an error event inside a stream after it.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import time
 import uuid
@@ -23,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
 from switchyard.preprocessor import sse
-from switchyard.preprocessor.errors import as_request_error
+from switchyard.preprocessor.errors import DeadlineExceededError, as_request_error
 from switchyard.preprocessor.openai_requests import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -125,10 +126,16 @@ async def run_stages(ctx: RequestContext, stages: tuple[Stage, ...]) -> None:
 
 
 def parse(
-    deps: Deps, endpoint: str, body: bytes, received: float, exchange: Exchange | None = None
+    deps: Deps,
+    endpoint: str,
+    body: bytes,
+    received: float,
+    exchange: Exchange | None = None,
+    timeout: float = 0.0,
 ) -> RequestContext:
     """The request body -> a context; its ids and session key (the x-session-id header, else
-    the body's `user`) come from the edge (X-Request-Id or minted)."""
+    the body's `user`) come from the edge (X-Request-Id or minted). `timeout`: the request's
+    deadline, seconds after `received` (0: none)."""
     t0 = time.perf_counter()
     request = PARSE[endpoint](body)
     if deps.timer is not None:
@@ -140,7 +147,16 @@ def parse(
         request_id, prefix = f"{ID_PREFIX[endpoint]}{uuid.uuid4().hex}", ""
         session = request.user
     ctx = RequestContext(
-        RequestInput(endpoint, request_id, request, received, int(time.time()), prefix, session),
+        RequestInput(
+            endpoint,
+            request_id,
+            request,
+            received,
+            int(time.time()),
+            engine_prefix=prefix,
+            session_id=session,
+            timeout=timeout,
+        ),
         deps,
     )
     if exchange is not None:
@@ -282,6 +298,26 @@ def _predictions(ctx: RequestContext) -> list[tuple[int, int, int, int]]:
     return out
 
 
+def _check_deadline(ctx: RequestContext) -> None:
+    timeout = ctx.inp.timeout
+    if timeout and time.perf_counter() - ctx.inp.received >= timeout:
+        raise DeadlineExceededError(timeout)
+
+
+async def _embed(ctx: RequestContext, http: HttpOut) -> None:
+    timeout = ctx.inp.timeout
+    if not timeout:
+        await embed_stages.respond(ctx, await embed_stages.embed(ctx), http)
+        return
+    left = timeout - (time.perf_counter() - ctx.inp.received)
+    try:
+        async with asyncio.timeout(max(0.0, left)):
+            result = await embed_stages.embed(ctx)
+    except TimeoutError:
+        raise DeadlineExceededError(timeout) from None
+    await embed_stages.respond(ctx, result, http)
+
+
 async def serve(
     deps: Deps,
     endpoint: str,
@@ -289,22 +325,27 @@ async def serve(
     received: float,
     http: HttpOut,
     exchange: Exchange | None = None,
+    timeout: float = 0.0,
 ) -> int:
     """Answer one generation request on `http`; returns the HTTP status (200 once a stream
-    started, whatever happened in it). `exchange` gets the context and the error code."""
+    started, whatever happened in it). `exchange` gets the context and the error code.
+    `timeout`: the request's deadline in seconds after `received` (0: none); past it the
+    engine requests are aborted and the client gets a 504 (an error event once the stream
+    started)."""
     ctx: RequestContext | None = None
     sink: Sink | None = None
     try:
-        ctx = parse(deps, endpoint, body, received, exchange)
+        ctx = parse(deps, endpoint, body, received, exchange, timeout)
         await run_stages(ctx, PROMPT_STAGES[endpoint])
         if endpoint == EMBEDDINGS:
             deps.metrics.active.inc()
             try:
-                await embed_stages.respond(ctx, await embed_stages.embed(ctx), http)
+                await _embed(ctx, http)
             finally:
                 deps.metrics.active.dec()
             return 200
         await generate(ctx)
+        _check_deadline(ctx)  # routing or a dispatcher wait may have used it up
         sink = sink_for(ctx, http)
         deps.metrics.active.inc()
         try:

@@ -5,8 +5,9 @@ and engine index) and through the choice's text path (detokenize, stop strings, 
 the sink, with its logprobs; a final message ends its choice; a failure migrates its attempt
 (Generation.fail). Then the batch's frames are written in one go, and only after that is the
 router told of first tokens (the client has them first). An attempt silent for too long (the
-watchdog) fails like a cut stream. There are no generator layers and no timer per token: one
-wake-up per batch, one write per batch.
+watchdog) fails like a cut stream; a request past its deadline, or ended by a shutdown,
+raises (its engine requests are then aborted). There are no generator layers and no timer
+per token: one wake-up per batch, one write per batch.
 """
 
 from __future__ import annotations
@@ -46,6 +47,15 @@ def _logprobs(ctx: RequestContext, sink: Sink, choice: ChoiceOutput, reply: Toke
             sink.logprobs(choice, entries)
 
 
+def end_at(ctx: RequestContext) -> float | None:
+    """The request's deadline in loop time (None: it has none)."""
+    timeout = ctx.inp.timeout
+    if not timeout:
+        return None
+    spent = time.perf_counter() - ctx.inp.received
+    return asyncio.get_running_loop().time() + timeout - spent
+
+
 async def stream(ctx: RequestContext, sink: Sink) -> None:
     """Runs until every choice has finished; raises the request's failure."""
     state = ctx.state
@@ -57,7 +67,15 @@ async def stream(ctx: RequestContext, sink: Sink) -> None:
     model = state.entry.name if state.entry is not None else ""
     itl = deps.metrics.itl.labels(model)  # looked up once per request, observed per batch
     clock = asyncio.get_running_loop().time
-    watchdog = Watchdog(queue, state.generations, limits.first_token_timeout, limits.gap_timeout)
+    watchdog = Watchdog(
+        queue,
+        state.generations,
+        limits.first_token_timeout,
+        limits.gap_timeout,
+        end_at(ctx),
+        ctx.inp.timeout,
+        deps.shutdown,
+    )
     watchdog.arm()
     last_tokens_at = 0.0
     firsts: list[Generation] = []
@@ -65,12 +83,16 @@ async def stream(ctx: RequestContext, sink: Sink) -> None:
     stopped: list[Generation] = []
     try:
         while state.unfinished:
-            if queue.empty():
-                if watchdog.expired:
+            if watchdog.expired:
+                end = watchdog.end_error()
+                if end is not None:
+                    raise end  # past the deadline, or shut down: the engine requests abort
+                if queue.empty():
                     for gen in watchdog.overdue():
                         await gen.fail(gen.silent(watchdog.timeout(gen)))
                     watchdog.arm()
                     continue
+            if queue.empty():
                 await queue.wait()
                 continue
             items = queue.take()

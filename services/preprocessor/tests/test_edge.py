@@ -60,7 +60,7 @@ def served(monkeypatch):
     seen: list[tuple[str, bytes]] = []
     state = {"behaviour": None, "sessions": []}
 
-    async def serve(deps, endpoint, body, received, out, exchange=None):
+    async def serve(deps, endpoint, body, received, out, exchange=None, timeout=0.0):
         seen.append((endpoint, body))
         state["sessions"].append(exchange.session_id if exchange is not None else None)
         return await state["behaviour"](out)

@@ -1,0 +1,68 @@
+"""The watchdog's one timer per request: silent attempts, the request's deadline, a shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from switchyard.preprocessor.errors import DeadlineExceededError, ShuttingDownError
+from switchyard.preprocessor.reply_queue import ReplyQueue
+from switchyard.preprocessor.stages.watchdog import Shutdown, Watchdog
+
+
+def attempt(last: float, got_tokens: bool = True) -> SimpleNamespace:
+    return SimpleNamespace(open=True, got_tokens=got_tokens, last=last)
+
+
+class TestWatchdog:
+    async def test_silent_attempt_is_overdue(self):
+        loop = asyncio.get_running_loop()
+        queue = ReplyQueue()
+        gen = attempt(loop.time())
+        watchdog = Watchdog(queue, [gen], 60.0, 0.05)
+        watchdog.arm()
+        await asyncio.wait_for(queue.wait(), 10)  # woken by the timer
+        assert watchdog.expired and watchdog.overdue() == [gen]
+        assert watchdog.end_error() is None  # the request itself has no deadline
+        watchdog.cancel()
+
+    async def test_deadline_wakes_the_loop_and_ends_the_request(self):
+        loop = asyncio.get_running_loop()
+        queue = ReplyQueue()
+        gen = attempt(loop.time())  # busy: its gap timeout is far away
+        watchdog = Watchdog(queue, [gen], 60.0, 60.0, end_at=loop.time() + 0.05, timeout=7.0)
+        watchdog.arm()
+        assert watchdog.end_error() is None
+        await asyncio.wait_for(queue.wait(), 10)
+        error = watchdog.end_error()
+        assert isinstance(error, DeadlineExceededError) and error.status == 504
+        assert "7s" in error.message and watchdog.overdue() == []
+        watchdog.cancel()
+
+    async def test_deadline_with_no_attempt_open(self):
+        loop = asyncio.get_running_loop()
+        queue = ReplyQueue()
+        watchdog = Watchdog(queue, [], 60.0, 60.0, end_at=loop.time() + 0.02, timeout=1.0)
+        watchdog.arm()
+        await asyncio.wait_for(queue.wait(), 10)
+        assert isinstance(watchdog.end_error(), DeadlineExceededError)
+        watchdog.cancel()
+
+    async def test_shutdown_ends_every_running_request(self):
+        loop = asyncio.get_running_loop()
+        shutdown = Shutdown()
+        queues = [ReplyQueue(), ReplyQueue()]
+        dogs = [Watchdog(q, [attempt(loop.time())], 60.0, 60.0, shutdown=shutdown) for q in queues]
+        for dog in dogs:
+            dog.arm()
+        waits = [asyncio.create_task(q.wait()) for q in queues]
+        await asyncio.sleep(0)
+        assert shutdown.end_all() == 2
+        await asyncio.wait_for(asyncio.gather(*waits), 10)
+        for dog in dogs:
+            assert dog.expired and isinstance(dog.end_error(), ShuttingDownError)
+            dog.cancel()
+        assert not shutdown.watchdogs
+        late = Watchdog(ReplyQueue(), [], 60.0, 60.0, shutdown=shutdown)
+        assert isinstance(late.end_error(), ShuttingDownError)  # after the end: at once
+        late.cancel()
