@@ -35,7 +35,7 @@ from switchyard.common.ports import (
     wildcard_endpoint,
     write_ready_file,
 )
-from switchyard.router.policies import MODES
+from switchyard.router.config import MODES
 from switchyard.supervisor import ChildSpec, Supervisor
 
 log = logging.getLogger("switchyard.up")
