@@ -55,7 +55,7 @@ from switchyard.dispatcher.cli import seconds
 from switchyard.preprocessor.auth import ADMIN_TOKEN_ENV, KEYS_ENV, keys_from_env
 from switchyard.preprocessor.cli import add_guardrail_arguments
 from switchyard.preprocessor.serving import BACKSTOP_S
-from switchyard.router.policies import MODES
+from switchyard.router.config import MODES
 from switchyard.supervisor import ChildSpec, Supervisor
 
 log = logging.getLogger("switchyard.up")
