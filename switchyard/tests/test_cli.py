@@ -32,9 +32,14 @@ class TestHelp:
     def test_help_shows_defaults_and_choices(self):
         text = cli.command_parser("router").format_help()
         assert "(default: 600.0)" in " ".join(text.split())  # --request-ttl
-        assert "{kv,kv_overlap,round_robin,random,least_loaded,session,consistent_hash}" in text  # --router-mode
+        assert (
+            "{kv,kv_overlap,round_robin,random,least_loaded,session,consistent_hash}" in text
+        )  # --router-mode
         up = " ".join(cli.command_parser("up").format_help().split())
-        assert "--router-mode {kv,kv_overlap,round_robin,random,least_loaded,session,consistent_hash}" in up
+        assert (
+            "--router-mode {kv,kv_overlap,round_robin,random,least_loaded,session,consistent_hash}"
+            in up
+        )
         pre = " ".join(cli.command_parser("preprocessor").format_help().split())
         assert "--log-format {text,json}" in pre
         assert "SWITCHYARD_<FLAG>" in pre
