@@ -199,13 +199,18 @@ def unhealthy(compose: list[str], env: dict[str, str]) -> list[str]:
     ]
 
 
+# Greedy with a floor: a sampled mock answer draws EOS first about one time in 40, which
+# would read as an empty reply (it failed CI once after an engine kill).
+STEADY = {"max_tokens": 16, "temperature": 0, "extra_body": {"min_tokens": 4}}
+
+
 def chat_and_stream(base: str, tag: str) -> None:
     """One chat and one streamed chat; raises unless both finish properly."""
     with openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=60) as client:
         reply = client.chat.completions.create(
             model=MODEL,
             messages=[{"role": "user", "content": f"Hello from compose-test ({tag})"}],
-            max_tokens=16,
+            **STEADY,
         )
         choice = reply.choices[0]
         if choice.finish_reason not in ("stop", "length") or not choice.message.content:
@@ -214,8 +219,8 @@ def chat_and_stream(base: str, tag: str) -> None:
         stream = client.chat.completions.create(
             model=MODEL,
             messages=[{"role": "user", "content": f"Stream please ({tag})"}],
-            max_tokens=16,
             stream=True,
+            **STEADY,
         )
         for chunk in stream:
             for c in chunk.choices:

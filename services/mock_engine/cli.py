@@ -126,8 +126,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kv-events-endpoint",
         default=None,
         help="ZMQ PUB: bound for a wildcard host (tcp://*:5557), connected for a named one "
-        "(tcp://router:5557), as the engines do; port 0 binds a free port (reported as "
-        "kv_events in --ready-file); DP rank r at port + r; off if unset",
+        "(tcp://router:5557), as the engines do; DP rank r at port + r; port 0 binds a free "
+        "port for rank 0 (reported as kv_events in --ready-file), rank r then that + r; "
+        "off if unset",
     )
     kv.add_argument("--kv-events-topic", default="", help="topic frame of every KV event message")
     kv.add_argument(

@@ -7,7 +7,8 @@ buffer, so a subscriber sees a gap and must replay). Bound or connected by the e
 inproc, connected otherwise, as when engines point their publisher at a router that binds.
 A port 0 is also bound (a free port searched in the port range): there is nothing to connect
 to at port 0, so this is the mock's way to say "bind any port" on a named host.
-Data-parallel rank r uses base port + r for both sockets (`rank_endpoint`).
+Data-parallel rank r uses base port + r for both sockets (`rank_endpoint`); with a port 0, rank
+0 binds a free port and rank r binds that port + r (`follow_rank0`).
 
 ROUTER (bound at --kv-replay-endpoint): a DEALER sends `[b"", start_seq (8 bytes big-endian)]`
 and gets every buffered batch numbered >= start_seq as `[b"", seq, payload]` (with
@@ -60,6 +61,18 @@ def rank_endpoint(endpoint: str, rank: int) -> str:
     return endpoint
 
 
+def follow_rank0(endpoint: str, bound: str | None) -> str:
+    """The base endpoint ranks > 0 count from: `endpoint` itself, or, when its port is 0, the
+    same host with the port rank 0 bound (so rank r is still base + r, as consumers expect)."""
+    parsed = tcp_endpoint_port(endpoint)
+    if parsed is None or parsed[1] != 0 or bound is None:
+        return endpoint
+    resolved = tcp_endpoint_port(bound)
+    if resolved is None:
+        return endpoint
+    return f"{endpoint.rpartition(':')[0]}:{resolved[1]}"
+
+
 class KvZmqTransport:
     def __init__(
         self,
@@ -72,8 +85,10 @@ class KvZmqTransport:
         skip_seqs: frozenset[int] = frozenset(),
         hwm: int = 100_000,
         ports: PortRange | None = None,
+        bind: bool | None = None,
     ) -> None:
         self._publisher = publisher
+        self._bind = bind  # the PUB binds (True) or connects (False); None: publisher_binds
         self._ports = ports  # where a port 0 in an endpoint is searched
         self._endpoint = endpoint
         self._replay_endpoint = replay_endpoint
@@ -103,7 +118,8 @@ class KvZmqTransport:
                 self._pub = pub
                 pub.setsockopt(zmq.LINGER, 0)
                 pub.setsockopt(zmq.SNDHWM, self._hwm)
-                if publisher_binds(self._endpoint):
+                binds = self._bind if self._bind is not None else publisher_binds(self._endpoint)
+                if binds:
                     zmq_bind(pub, self._endpoint, self._ports)
                     self.bound_endpoint = _last_endpoint(pub)
                 else:

@@ -24,7 +24,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from smg_grpc_proto import sglang_scheduler_pb2_grpc, vllm_engine_pb2_grpc
 
-from switchyard.common.ports import PortRange, bind_in_range
+from switchyard.common.ports import PortRange, bind_in_range, tcp_endpoint_port
 from switchyard.mock_engine import sglang_servicer, vllm_servicer
 from switchyard.mock_engine.config import KV_EVENTS_HWM, EngineProtocol, MockEngineConfig
 from switchyard.mock_engine.data_parallel import DataParallelEngine
@@ -36,13 +36,15 @@ from switchyard.mock_engine.kv_cache import SGLANG_POLICY, VLLM_POLICY, EngineHa
 from switchyard.mock_engine.kv_events import KvEventPublisher
 from switchyard.mock_engine.kv_handover import TransferCounters
 from switchyard.mock_engine.kv_wire import WireEncoder
-from switchyard.mock_engine.kv_zmq import KvZmqTransport, rank_endpoint
+from switchyard.mock_engine.kv_zmq import KvZmqTransport, follow_rank0, rank_endpoint
 from switchyard.mock_engine.tokenizer_bundle import TokenizerBundle, served_model_config
 from switchyard.mock_engine.tokenizer_facts import load_tokenizer_facts
 from switchyard.mock_engine.tokens import TokenOracle
 from switchyard.mock_engine.types import AllBlocksCleared
 
 logger = logging.getLogger(__name__)
+
+_DP_BASE_TRIES = 8  # port-0 bases tried for data-parallel ranks (base + r must all be free)
 
 # The gRPC server options of the stock servers, family by family (clients may rely on them:
 # keepalive pings every 10 s are accepted, messages of these sizes pass).
@@ -162,6 +164,48 @@ class MockEngineServer:
             rng=random.Random(seed) if seed is not None else None,
         )
 
+    async def _start_transports(self, publishers: list[KvEventPublisher]) -> list[KvZmqTransport]:
+        """One transport per rank, started. Rank r binds base port + r; with a port 0, rank 0
+        binds a free one and the others follow it, and a base whose next ports are taken is
+        given up for another (a few tries)."""
+        config = self.config
+        events, replay = config.kv_events_endpoint, config.kv_replay_endpoint
+        searched = len(publishers) > 1 and any(
+            e is not None and (p := tcp_endpoint_port(e)) is not None and p[1] == 0
+            for e in (events, replay)
+        )
+        for attempt in range(_DP_BASE_TRIES if searched else 1):
+            started: list[KvZmqTransport] = []
+            base_events, base_replay = events, replay
+            try:
+                for rank, publisher in enumerate(publishers):
+                    followed = rank > 0 and base_events != events  # a port 0 resolved by rank 0
+                    transport = KvZmqTransport(
+                        publisher,
+                        endpoint=rank_endpoint(base_events, rank) if base_events else None,
+                        replay_endpoint=rank_endpoint(base_replay, rank) if base_replay else None,
+                        topic=config.kv_events_topic,
+                        replay_topic_frame=config.kv_replay_topic_frame,
+                        skip_seqs=config.kv_skip_seqs,
+                        hwm=KV_EVENTS_HWM,
+                        ports=self._ports,
+                        bind=True if followed else None,
+                    )
+                    transport.start()
+                    started.append(transport)
+                    if rank == 0:
+                        if events is not None and not transport.connects:
+                            base_events = follow_rank0(events, transport.bound_endpoint)
+                        if replay is not None:
+                            base_replay = follow_rank0(replay, transport.bound_replay_endpoint)
+                return started
+            except OSError:
+                for transport in started:
+                    await transport.stop()
+                if attempt == _DP_BASE_TRIES - 1 or not searched:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
     def _build_cache(self, seed: int) -> PrefixCache:
         config = self.config
         policy = VLLM_POLICY if config.protocol is EngineProtocol.VLLM else SGLANG_POLICY
@@ -222,29 +266,10 @@ class MockEngineServer:
             return int(bound)
 
         port = bind(config.port) if config.port else bind_in_range(bind, self._ports)
-        events, replay = config.kv_events_endpoint, config.kv_replay_endpoint
-        transports = [
-            KvZmqTransport(
-                publisher,
-                endpoint=rank_endpoint(events, rank) if events else None,
-                replay_endpoint=rank_endpoint(replay, rank) if replay else None,
-                topic=config.kv_events_topic,
-                replay_topic_frame=config.kv_replay_topic_frame,
-                skip_seqs=config.kv_skip_seqs,
-                hwm=KV_EVENTS_HWM,
-                ports=self._ports,
-            )
-            for rank, publisher in enumerate(publishers)
-        ]
         disagg = Disaggregation(config, engine)
-        started: list[KvZmqTransport] = []
-        try:
-            for transport in transports:  # before serving: a bind failure leaves nothing
-                transport.start()
-                started.append(transport)
+        try:  # before serving: a bind failure leaves nothing
+            transports = await self._start_transports(publishers)
         except OSError:
-            for transport in started:
-                await transport.stop()
             await server.stop(None)
             raise
         try:

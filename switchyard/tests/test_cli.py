@@ -32,9 +32,14 @@ class TestHelp:
     def test_help_shows_defaults_and_choices(self):
         text = cli.command_parser("router").format_help()
         assert "(default: 600.0)" in " ".join(text.split())  # --request-ttl
-        assert "{kv,round_robin,random,least_loaded}" in text  # --router-mode
+        assert (
+            "{kv,kv_overlap,round_robin,random,least_loaded,session,consistent_hash}" in text
+        )  # --router-mode
         up = " ".join(cli.command_parser("up").format_help().split())
-        assert "--router-mode {kv,round_robin,random,least_loaded}" in up
+        assert (
+            "--router-mode {kv,kv_overlap,round_robin,random,least_loaded,session,consistent_hash}"
+            in up
+        )
         pre = " ".join(cli.command_parser("preprocessor").format_help().split())
         assert "--log-format {text,json}" in pre
         assert "SWITCHYARD_<FLAG>" in pre
@@ -90,24 +95,24 @@ class TestConfigPrint:
         config.write_text(
             yaml.safe_dump(
                 {
-                    "router": {"router-mode": "random", "kv-temperature": 0.5, "request-ttl": 9},
+                    "router": {"router-mode": "random", "booking-ttl": 5.0, "request-ttl": 9},
                     "preprocessor": {"migration-limit": 1},
                 }
             )
         )
         out = run(
             "config", "print", "router", "--config", str(config), "--request-ttl", "7",
-            env={"SWITCHYARD_KV_TEMPERATURE": "0.25"},
+            env={"SWITCHYARD_BOOKING_TTL": "2.5"},
         )  # fmt: skip
         assert out.returncode == 0, out.stderr
         printed = yaml.safe_load(out.stdout)["router"]
         assert printed["request-ttl"] == 7.0  # flag
-        assert printed["kv-temperature"] == 0.25  # env over file
+        assert printed["booking-ttl"] == 2.5  # env over file
         assert printed["router-mode"] == "random"  # file
-        assert printed["kv-overlap-weight"] == 1.0  # default
+        assert printed["load-poll-interval"] == 0.5  # default
         lines = {line.split(":")[0].strip(): line for line in out.stdout.splitlines()}
         assert lines["request-ttl"].endswith("# flag")
-        assert lines["kv-temperature"].endswith("# env SWITCHYARD_KV_TEMPERATURE")
+        assert lines["booking-ttl"].endswith("# env SWITCHYARD_BOOKING_TTL")
         assert "# file" in lines["router-mode"] and lines["bind"].endswith("# default")
 
     def test_all_sections_read_back(self, tmp_path: Path):

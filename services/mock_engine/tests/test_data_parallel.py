@@ -33,11 +33,11 @@ PROMPT_IDS = (100, 200, 300, 400)
 
 
 def config(protocol: str, fixed_ports: bool = False, **overrides: Any) -> MockEngineConfig:
-    """Two ranks; KV sockets on free ports (port 0: each rank binds its own), or with
-    `fixed_ports` at a base port, rank r at base + r, as the engines number them."""
-    pub, replay = 0, 0
+    """Two ranks; KV sockets at a base port, rank r at base + r, as the engines number them:
+    port 0 (rank 0 binds a free port, rank 1 the next), or with `fixed_ports` given ones."""
+    pub, replay, host = 0, 0, "127.0.0.1"  # a named host with port 0 still binds
     if fixed_ports:
-        pub, replay = free_port(), free_port()
+        pub, replay, host = free_port(), free_port(), "*"
         while abs(replay - pub) <= 1:
             replay = free_port()
     settings: dict[str, Any] = {
@@ -47,8 +47,8 @@ def config(protocol: str, fixed_ports: bool = False, **overrides: Any) -> MockEn
         "block_size": BS,
         "dp_size": 2,
         "kv_hash_seed": 3,
-        "kv_events_endpoint": f"tcp://*:{pub}",
-        "kv_replay_endpoint": f"tcp://*:{replay}",
+        "kv_events_endpoint": f"tcp://{host}:{pub}",
+        "kv_replay_endpoint": f"tcp://{host}:{replay}",
     }
     settings.update(overrides)
     return MockEngineConfig(**settings)
@@ -93,10 +93,19 @@ def stub_and_request(protocol: str, channel: grpc.aio.Channel, rid: str, rank: i
     return stub, request
 
 
+@contextlib.asynccontextmanager
+async def engine_on_port_0(protocol: str) -> AsyncIterator[MockEngineServer]:
+    async with start_mock_engine(config(protocol)) as server:
+        yield server
+
+
 @pytest.mark.parametrize("protocol", ["sglang", "vllm"])
 class TestDataParallel:
-    async def test_pinned_request_fills_its_ranks_cache_and_publisher(self, protocol) -> None:
-        async with engine_on_fixed_ports(protocol) as server:
+    @pytest.mark.parametrize("start", [engine_on_fixed_ports, engine_on_port_0])
+    async def test_pinned_request_fills_its_ranks_cache_and_publisher(
+        self, protocol, start
+    ) -> None:
+        async with start(protocol) as server:
             async with grpc.aio.insecure_channel(server.target) as channel:
                 stub, request = stub_and_request(protocol, channel, "a", rank=1)
                 async for _ in stub.Generate(request):
@@ -105,10 +114,14 @@ class TestDataParallel:
                 rank0, rank1 = server.engine.ranks
                 assert rank0.cache.cached_blocks == 0 and rank1.cache.cached_blocks == 4
                 # Rank r publishes on base port + r, its replay likewise.
-                base = int(server.config.kv_events_endpoint.rsplit(":", 1)[1])
                 endpoints = server.kv_events_endpoints
+                base = int(endpoints[0].rsplit(":", 1)[1])
+                assert base != 0
                 assert [int(e.rsplit(":", 1)[1]) for e in endpoints] == [base, base + 1]
+                assert not any(t.connects for t in server._transports)  # every rank binds
                 replays = server.kv_replay_endpoints
+                first = int(replays[0].rsplit(":", 1)[1])
+                assert [int(e.rsplit(":", 1)[1]) for e in replays] == [first, first + 1]
                 stored = await kv_replay(replays[1], 0)
                 batches = [msgspec.msgpack.decode(frames[2]) for frames in stored[:-1]]
                 assert batches[-1][2] == 1  # the payload names its rank

@@ -30,7 +30,7 @@ from types import FrameType
 
 import zmq
 
-from switchyard.common.logs import setup_logging
+from switchyard.common.logs import add_logging_arguments, setup_logging
 from switchyard.common.ports import PortRange, add_port_arguments, write_ready_file, zmq_bind
 from switchyard.router.kv.subscriber import rank_endpoint
 
@@ -135,11 +135,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="data-parallel ranks: one frontend/backend pair per rank at base port + rank",
     )
     add_port_arguments(parser)
-    parser.add_argument("--log-level", default="INFO")
+    add_logging_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    setup_logging("kv-proxy", args.log_level)
+    setup_logging("kv-proxy", args.log_level, args.log_format)
     proxy = KvEventProxy(args.frontend, args.backend, args.ranks, args.port_range)
     stop = threading.Event()
 
