@@ -67,6 +67,10 @@ class DataParallelEngine:
         return sum(rank.hung_requests for rank in self.ranks)
 
     @property
+    def aborts(self) -> int:
+        return sum(rank.aborts for rank in self.ranks)
+
+    @property
     def tokens_generated(self) -> int:
         return sum(rank.tokens_generated for rank in self.ranks)
 

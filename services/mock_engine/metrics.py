@@ -13,13 +13,13 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from switchyard.mock_engine.generation import MockEngine
+from switchyard.mock_engine.data_parallel import DataParallelEngine
 
 PREFIX = "switchyard_mock_engine"
 
 
 class _EngineCollector(Collector):
-    def __init__(self, engine: MockEngine) -> None:
+    def __init__(self, engine: DataParallelEngine) -> None:
         self._engine = engine
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
@@ -40,7 +40,7 @@ class _EngineCollector(Collector):
         )
 
 
-def engine_registry(engine: MockEngine) -> CollectorRegistry:
+def engine_registry(engine: DataParallelEngine) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(_EngineCollector(engine))
     return registry
