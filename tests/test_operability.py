@@ -172,6 +172,7 @@ class TestAccessLog:
                     model=model,
                     messages=QUESTION,
                     max_tokens=4,
+                    extra_body={"ignore_eos": True},  # exactly 4: a sampled EOS may come first
                     extra_headers={"X-Request-Id": rid},
                 )
             with pytest.raises(openai.NotFoundError):

@@ -27,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from switchyard.common.fleet_admin import FleetAdminError
+from switchyard.preprocessor import request_ids
 from switchyard.preprocessor.errors import (
     INVALID_JSON,
     INVALID_REQUEST,
@@ -37,8 +38,13 @@ from switchyard.preprocessor.errors import (
     as_request_error,
     error_body,
 )
-from switchyard.preprocessor.stages.context import CHAT, COMPLETIONS, SESSION_HEADER
-from switchyard.preprocessor.stages.endpoints import PROMPT_STAGES, parse, run_stages
+from switchyard.preprocessor.stages.context import (
+    CHAT,
+    COMPLETIONS,
+    SESSION_HEADER,
+    Exchange,
+)
+from switchyard.preprocessor.stages.endpoints import ID_PREFIX, PROMPT_STAGES, parse, run_stages
 from switchyard.preprocessor.state import PreprocessorState
 from switchyard.protos.messages import RouteRequest, WorkerAdminReply, WorkerAdminRequest
 
@@ -164,8 +170,10 @@ async def _debug_route(
 ) -> Response:
     """Where would this request go, and why? Decided by the router, sent to no engine."""
     endpoint = CHAT if b'"messages"' in body else COMPLETIONS
+    exchange = Exchange("/debug/route", request_ids.mint(ID_PREFIX[endpoint]))
+    exchange.session_id = session_id
     try:
-        ctx = parse(state.deps, endpoint, body, 0.0, session_id)
+        ctx = parse(state.deps, endpoint, body, 0.0, exchange)
         await run_stages(ctx, PROMPT_STAGES[endpoint])
         model = ctx.inp.request.model
         prompt_ids = ctx.state.prompt_ids[0]
