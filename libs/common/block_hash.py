@@ -36,11 +36,18 @@ def block_hashes(token_ids: Sequence[int], block_size: int, parent: int | None =
     (the u64 router hash of the block before it) instead of as a root. Raises ValueError for
     a block_size below 1 or a token id outside u32.
     """
+    data, n = full_block_bytes(token_ids, block_size)
+    return chain_hashes(data, block_size * 4, 0, n, parent)
+
+
+def full_block_bytes(token_ids: Sequence[int], block_size: int) -> tuple[bytes, int]:
+    """The hashed bytes of the full blocks of `token_ids` (u32 little-endian each) and how
+    many full blocks there are. ValueError for a block_size below 1 or an id outside u32."""
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     n = len(token_ids) // block_size
     if n == 0:
-        return []
+        return b"", 0
     full = n * block_size
     try:
         data = array("I", token_ids if len(token_ids) == full else token_ids[:full]).tobytes()
@@ -50,12 +57,17 @@ def block_hashes(token_ids: Sequence[int], block_size: int, parent: int | None =
         swapped = array("I", data)
         swapped.byteswap()
         data = swapped.tobytes()
-    step = block_size * 4
+    return data, n
+
+
+def chain_hashes(data: bytes, step: int, start: int, n: int, parent: int | None) -> list[int]:
+    """Hashes of blocks start..n-1 of `data` (blocks of `step` bytes), chained from `parent`
+    (None: block `start` is a root)."""
     out: list[int] = []
     append = out.append
     h = parent
-    for start in range(0, n * step, step):
-        chunk = data[start : start + step]
+    for offset in range(start * step, n * step, step):
+        chunk = data[offset : offset + step]
         h = _xxh3(chunk, SEED) if h is None else _xxh3(h.to_bytes(8, "little") + chunk, SEED)
         append(h)
     return out

@@ -12,28 +12,13 @@ one. A small LRU (`entries` first blocks, `per_key` prompts each) bounds the mem
 from __future__ import annotations
 
 import collections
-import sys
-from array import array
 from collections.abc import Sequence
 
 import xxhash
 
-from switchyard.common.block_hash import SEED
+from switchyard.common.block_hash import SEED, chain_hashes, full_block_bytes
 
 _xxh3 = xxhash.xxh3_64_intdigest
-_BIG_ENDIAN_HOST = sys.byteorder == "big"
-
-
-def _hash_from(data: bytes, step: int, start: int, n: int, parent: int | None) -> list[int]:
-    """Hashes of blocks start..n-1 of `data` (blocks of `step` bytes), chained from `parent`."""
-    out: list[int] = []
-    append = out.append
-    h = parent
-    for offset in range(start * step, n * step, step):
-        chunk = data[offset : offset + step]
-        h = _xxh3(chunk, SEED) if h is None else _xxh3(h.to_bytes(8, "little") + chunk, SEED)
-        append(h)
-    return out
 
 
 class PromptHashes:
@@ -49,20 +34,9 @@ class PromptHashes:
 
     def hashes(self, token_ids: Sequence[int], block_size: int) -> list[int]:
         """The chained hashes of the full blocks (as block_hashes(token_ids, block_size))."""
-        if block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {block_size}")
-        n = len(token_ids) // block_size
+        data, n = full_block_bytes(token_ids, block_size)
         if n == 0:
             return []
-        full = n * block_size
-        try:
-            data = array("I", token_ids if len(token_ids) == full else token_ids[:full]).tobytes()
-        except OverflowError as exc:
-            raise ValueError("token ids must fit in an unsigned 32-bit int") from exc
-        if _BIG_ENDIAN_HOST:  # pragma: no cover - the wire order is little-endian everywhere
-            swapped = array("I", data)
-            swapped.byteswap()
-            data = swapped.tobytes()
         step = block_size * 4
         first = _xxh3(data[:step], SEED)
         key = (block_size, first)
@@ -75,7 +49,7 @@ class PromptHashes:
                 if common > len(reuse):
                     reuse = other_hashes[:common]
         done = len(reuse)
-        hashes = reuse + _hash_from(data, step, done, n, reuse[-1]) if done < n else reuse[:n]
+        hashes = reuse + chain_hashes(data, step, done, n, reuse[-1]) if done < n else reuse[:n]
         self.reused_blocks += done - 1
         self.hashed_blocks += n - done + 1
         self._remember(key, data, hashes)
