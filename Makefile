@@ -53,7 +53,7 @@ e2e: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/mypy libs/common services/router services/dispatcher services/fleet protos
+	$(BIN)/mypy libs/common services protos switchyard
 
 # The compose stack on a real Docker engine (installs docker.io from Debian's packages and the
 # compose v2 plugin from the dev lock when missing; needs root). See deploy/README.md.

@@ -505,7 +505,7 @@ def _prompts(
             raise _mixed(f"prompt[{i}]", "a batch holds only strings or only token id lists")
         if not item:
             raise InvalidRequestError("'prompt' must not be empty.", INVALID_VALUE, f"prompt[{i}]")
-        out.append(item if kind is str else tuple(item))
+        out.append(item if isinstance(item, str) else tuple(item))
     return tuple(out)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
@@ -112,7 +113,10 @@ class ModelTokenizers:
         for model in wanted - self._bundles.keys() - self._loading.keys():
             task = asyncio.create_task(self._load(model), name=f"tokenizer:{model}")
             self._loading[model] = task
-            task.add_done_callback(lambda _t, m=model: self._loading.pop(m, None))
+            task.add_done_callback(functools.partial(self._loaded, model))
+
+    def _loaded(self, model: str, _task: asyncio.Task[None]) -> None:
+        self._loading.pop(model, None)
 
     async def _load(self, model: str) -> None:
         folder = self._per_model.get(model, self._default_dir)

@@ -257,7 +257,7 @@ class TestConnect:
             sub.setsockopt(zmq.LINGER, 0)
             sub.setsockopt(zmq.SUBSCRIBE, b"")
             sub.bind("tcp://127.0.0.1:*")
-            where = sub.getsockopt(zmq.LAST_ENDPOINT).decode()
+            where = sub.getsockopt_string(zmq.LAST_ENDPOINT)
             async with engine_with_events(
                 protocol, kv_events_endpoint=where, kv_events_topic="kv@me"
             ) as server:

@@ -94,13 +94,14 @@ def constrained(protocol: str, kind: str) -> dict[str, Any]:
             "ebnf": {"ebnf_grammar": 'root ::= "temp=" [0-9]+ ("C" | "F")'},
             "choice": {"regex": choice_regex(choices)},
         }[kind]
-    return {
+    vllm: dict[str, dict[str, Any]] = {
         "json_schema": {"json_schema": json.dumps(SCHEMA)},
         "json_object": {"json_object": True},
         "regex": {"regex": r"[A-Z]{2}-\d{3}"},
         "ebnf": {"grammar": 'root ::= "temp=" [0-9]+ ("C" | "F")'},
         "choice": {"choice": vpb.ChoiceConstraint(choices=choices)},
-    }[kind]
+    }
+    return vllm[kind]
 
 
 def check(kind: str, text: str) -> None:

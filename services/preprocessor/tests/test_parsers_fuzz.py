@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+from typing import Any
 
 import pytest
 
@@ -154,7 +155,7 @@ def no_parser_failures(caplog: pytest.LogCaptureFixture):  # type: ignore[no-unt
 
 @pytest.mark.parametrize("parser", TOOL_PARSERS, ids=lambda p: p.name)
 @pytest.mark.parametrize("strict", [False, True])
-def test_tool_parsers(parser: type, strict: bool) -> None:
+def test_tool_parsers(parser: Any, strict: bool) -> None:
     rng = random.Random(f"{parser.name}-{strict}")
     with_calls = 0
     for _ in range(400):
