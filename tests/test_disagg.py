@@ -9,10 +9,13 @@ request cleanly (a fallback or an HTTP error) within a bounded time, never a hun
 from __future__ import annotations
 
 import contextlib
+import json
 import re
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -77,9 +80,11 @@ def disagg_stack(
     first_picked: bool = False,
 ) -> Iterator[DisaggStack]:
     """Engines in order (the first is the prefill one); `listed_prefill`: indexes given to
-    fleet's --prefill; `first_picked`: engine 0 gets a lower instance id than engine 1 (the
-    router's pick among equal costs), by restarting engine 1 on another port until so."""
-    with Processes() as procs:
+    fleet's --prefill; `first_picked`: the first prefill hop goes to engine 0. The prefill
+    picker is then round robin, whose turns follow instance ids (equal costs tie at random
+    otherwise), and engine 0 gets a lower instance id than engine 1, by restarting engine 1
+    on another port until so."""
+    with Processes() as procs, tempfile.TemporaryDirectory() as tmp:
 
         def engine(n: int, name: str = "") -> Ready:
             return procs.start_ready(
@@ -118,7 +123,12 @@ def disagg_stack(
             *workers,
         )  # fmt: skip
         fleet_flags = ["--fleet-control", fleet["control"], "--fleet-events", fleet["events"]]
-        router = procs.serve("router", "router", "--bind", LOCAL, *fleet_flags)["bind"]
+        routing: list[str] = []
+        if first_picked:
+            config = Path(tmp) / "routing.json"
+            config.write_text(json.dumps({"prefill": {"picker": "round_robin"}}))
+            routing = ["--routing-config", str(config)]
+        router = procs.serve("router", "router", "--bind", LOCAL, *fleet_flags, *routing)["bind"]
         dispatcher = procs.serve("dispatcher", "dispatcher", "--bind", LOCAL, *fleet_flags)["bind"]
         http = procs.serve(
             "preprocessor", "preprocessor", "--port", "0",
@@ -253,11 +263,11 @@ def test_switchyard_up_with_role_mocks(aggregated_texts):
 @pytest.mark.parametrize("protocol", ["sglang", "vllm"])
 @pytest.mark.parametrize("fault", ["--exit-on-kv-fetch", "--exit-after-tokens=1"])
 def test_prefill_engine_crashing_mid_request_streams_go_on(protocol, fault, aggregated_texts):
-    """Two prefill engines; the one the router picks first (equal costs: the lowest instance
-    id) crashes (os._exit) in the middle of its first request: as the decode engine fetches
-    the KV (before any is sent), or once the prefill is done and handed over. Every request
-    gets the aggregated answer, within bounded time; a transfer cut short sends the request
-    through the other prefill engine."""
+    """Two prefill engines; the one the router picks first (round robin's first turn: the
+    lowest instance id) crashes (os._exit) in the middle of its first request: as the decode
+    engine fetches the KV (before any is sent), or once the prefill is done and handed over.
+    Every request gets the aggregated answer, within bounded time; a transfer cut short sends
+    the request through the other prefill engine."""
     prefill = ["--role", "prefill"] + (["--bootstrap-port", "0"] if protocol == "sglang" else [])
     engines = [prefill + [fault], prefill, ["--role", "decode"], ["--role", "decode"]]
     with disagg_stack(protocol, engines, first_picked=True) as stack:

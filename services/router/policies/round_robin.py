@@ -1,5 +1,5 @@
 """Picker: the candidates in turn, ordered by (instance id, rank) so every replica agrees;
-scores are ignored."""
+scores are ignored. A dry run (/debug/route) shows the next turn without taking it."""
 
 from __future__ import annotations
 
@@ -19,5 +19,6 @@ class RoundRobin:
     def pick(self, ctx: RouteContext, workers: Sequence[Worker], totals: Sequence[float]) -> int:
         order = sorted(range(len(workers)), key=lambda i: workers[i].key)
         choice = order[self._next % len(order)]
-        self._next += 1
+        if not ctx.request.dry_run:
+            self._next += 1
         return choice
