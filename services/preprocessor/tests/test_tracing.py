@@ -40,10 +40,10 @@ def exporter():
     return InMemorySpanExporter()
 
 
-def traced(bundle, exporter, script, instances=(1,)):
+def traced(bundle, exporter, script, instances=(1,), prefill=None):
     dispatcher = FakeDispatcher(script)
     tracing = Tracing(SimpleSpanProcessor(exporter), instance="http://127.0.0.1:1")
-    d = deps(bundle, FakeRouter(list(instances)), dispatcher, tracing=tracing)
+    d = deps(bundle, FakeRouter(list(instances), prefill=prefill), dispatcher, tracing=tracing)
     return Edge(no_app, d, 1 << 20), dispatcher
 
 
@@ -100,6 +100,25 @@ class TestSpans:
         assert len(spans["route"]) == 2
         first, second = dispatcher.requests
         assert first.traceparent != second.traceparent  # each attempt its own span
+
+    async def test_a_prefill_hop(self, bundle, exporter):
+        def script(req):
+            if req.instance_id == 9:  # the prefill leg: its KV goes to the decode engine
+                return [done(req.request_id)]
+            return [tokens(req.request_id, 100), done(req.request_id)]
+
+        app, dispatcher = traced(bundle, exporter, script, (1,), prefill=9)
+        assert (await post(app, CHAT, chat_body())).status == 200
+        spans = by_name(exporter)
+        (dispatch,) = spans["dispatch"]
+        (hop,) = spans["prefill_hop"]
+        assert hop.parent.span_id == dispatch.context.span_id
+        assert hop.context.trace_id == dispatch.context.trace_id
+        assert hop.status.status_code is not StatusCode.ERROR
+        assert sorted(r.instance_id for r in dispatcher.requests) == [1, 9]  # both legs
+        # Both legs carry the dispatch span's context, so both engines' logs join the trace.
+        context = (f"{dispatch.context.trace_id:032x}", f"{dispatch.context.span_id:016x}")
+        assert {tuple(r.traceparent.split("-")[1:3]) for r in dispatcher.requests} == {context}
 
     async def test_an_invalid_traceparent_starts_a_new_trace(self, bundle, exporter):
         app, _ = traced(bundle, exporter, lambda req: [done(req.request_id)])

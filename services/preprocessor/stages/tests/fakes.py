@@ -33,7 +33,7 @@ MODEL = "m"
 
 class FakeRouter:
     """Routes to the first instance not excluded; `dp_ranks` pins instances' requests to a
-    data-parallel rank."""
+    data-parallel rank; `prefill`: an SGLang prefill instance every request hops through."""
 
     def __init__(
         self,
@@ -41,8 +41,10 @@ class FakeRouter:
         dp_ranks: dict[int, int] | None = None,
         policy: str = "",
         overlap_blocks: int = 0,
+        prefill: int | None = None,
     ) -> None:
         self.instances = instances
+        self.prefill = prefill
         self.dp_ranks = dp_ranks or {}
         self.requests: list[RouteRequest] = []
         self.policy = policy  # "kv": replies predict `overlap_blocks` cached blocks
@@ -62,6 +64,7 @@ class FakeRouter:
             dp_rank=self.dp_ranks.get(free[0]) if free else None,
             policy=self.policy,
             overlap_blocks=self.overlap_blocks,
+            prefill_instance_id=self.prefill if free else None,
         )
 
     async def progress(self, request_id, instance_id, stage, final) -> None:
@@ -165,6 +168,17 @@ def deps(
         )
         for i in router.instances
     }
+    if router.prefill is not None:
+        instances[router.prefill] = Instance(
+            instance_id=router.prefill,
+            url=f"grpc://10.0.0.{router.prefill}:1",
+            protocol="sglang",
+            model=MODEL,
+            context_length=context_length,
+            block_size=16,
+            role="prefill",
+            bootstrap_port=8998,
+        )
     return Deps(
         router=router,  # type: ignore[arg-type]
         dispatcher=dispatcher,  # type: ignore[arg-type]
