@@ -10,6 +10,8 @@ wrong. Then:
   ours: read-only root with an emptyDir at /tmp, requests and limits, startup/readiness/
   liveness probes that ask the service itself, preStop + grace where streams drain;
 - RBAC gives fleet get/list/watch on pods and nothing else, and nobody else a token;
+- NetworkPolicies open only the API port to anyone, the admin listener and metrics ports to
+  the namespace's pods and Prometheus;
 - the wiring holds: commands parse with switchyard's own CLI, clients dial Services that
   select pods binding those ports, fleet's selectors pick the engine pods, named ports exist.
 """
@@ -309,6 +311,53 @@ def test_prometheus_scrapes_every_service(stack, parser):
             assert args.admin_host == "0.0.0.0", f"{at}: the admin listener must be reachable"
         else:
             assert (args.metrics_host, args.metrics_port) == ("0.0.0.0", port), at
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    assert set(selector) <= {"matchLabels"}, f"this test reads matchLabels only: {selector}"
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def _is_prometheus(source: dict[str, Any]) -> bool:
+    pods = source.get("podSelector", {}).get("matchLabels")
+    return pods == {"app.kubernetes.io/name": "prometheus"}
+
+
+def test_network_policies_fence_off_the_admin_listener(stack, parser):
+    """Every Switchyard pod is selected by an ingress NetworkPolicy (so what no rule allows is
+    refused); the one port open to any source is the preprocessor's API port; the admin
+    listener (tokenless) and the metrics ports are reachable from this namespace's pods and
+    Prometheus only, and Prometheus reaches every port it scrapes."""
+    name, objects = stack
+    policies = kinds(objects, "NetworkPolicy")
+    for where, pod in pod_templates(objects):
+        labels = pod["metadata"]["labels"]
+        if labels.get("app.kubernetes.io/name") != "switchyard":
+            continue
+        at = f"{name}: {where}"
+        mine = [p for p in policies if _selects(p["spec"]["podSelector"], labels)]
+        assert mine, f"{at}: no NetworkPolicy selects it"
+        assert all(p["spec"]["policyTypes"] == ["Ingress"] for p in mine), at
+        (c,) = pod["spec"]["containers"]
+        ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+        open_to_all: set[int] = set()
+        prometheus: set[int] = set()
+        for policy in mine:
+            for rule in policy["spec"].get("ingress", []):
+                given = {ports.get(p["port"], p["port"]) for p in rule.get("ports", [])}
+                reached = given & set(ports.values()) if given else set(ports.values())
+                sources = rule.get("from")
+                if not sources:
+                    open_to_all |= reached
+                elif all(_is_prometheus(s) for s in sources):
+                    prometheus |= reached
+                else:  # this namespace's pods (no namespaceSelector, no ipBlock)
+                    assert sources == [{"podSelector": {}}], f"{at}: {policy['metadata']['name']}"
+        args = parse_command(parser, where, c["args"])
+        assert open_to_all == ({args.port} if args.command == "preprocessor" else set()), at
+        scraped = pod["metadata"].get("annotations", {}).get("prometheus.io/port")
+        if scraped is not None:
+            assert int(scraped) in prometheus, f"{at}: Prometheus cannot reach port {scraped}"
 
 
 def test_disruption_budgets_cover_the_scaled_pods(stack):
