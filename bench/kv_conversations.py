@@ -37,6 +37,7 @@ import contextlib
 import random
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -65,7 +66,11 @@ def _has_ready_file(python: str) -> bool:
     import subprocess
 
     done = subprocess.run(
-        [python, "-m", "switchyard", "up", "--help"], capture_output=True, text=True, timeout=60
+        [python, "-m", "switchyard", "up", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tempfile.gettempdir(),  # not this checkout: `-m` imports from the working directory
     )
     return "--ready-file" in done.stdout
 
@@ -75,7 +80,6 @@ def stack(python: str, engines: str, mock_args: list[str], up_args: list[str]) -
     """`switchyard up` of the checkout `python` belongs to, on a port it binds itself (port 0,
     read from its ready file)."""
     import subprocess
-    import tempfile
 
     argv = [python, "-m", "switchyard", "up", "--log-level", "WARNING"]
     argv += ["--mock-engines", engines, *[f"--mock-arg={a}" for a in mock_args], *up_args]
@@ -87,7 +91,9 @@ def stack(python: str, engines: str, mock_args: list[str], up_args: list[str]) -
         else:  # a checkout from before ready files: it can only be given a port
             port = free_port()
             argv += ["--http-port", str(port)]
-        proc = subprocess.Popen(argv, start_new_session=True)
+        # cwd: an empty folder, so `-m switchyard` imports the package of `python`'s own
+        # checkout, not the one this script was started in.
+        proc = subprocess.Popen(argv, start_new_session=True, cwd=folder)
         try:
             if port is None:
                 base = read_ready_file(ready, proc, 180)["base_url"]
