@@ -102,6 +102,7 @@ def disagg_stack(
         spares = [engine(1, f"engine-1-spare-{k}") for k in range(2)] if first_picked else []
         urls = [url(r) for r in starting]
         candidates = [(urls[1], names[1])] + [(url(r), r.name) for r in spares]
+        draws = 0
         while first_picked:
             above = [(u, n) for u, n in candidates if instance_id(u) > instance_id(urls[0])]
             if above:
@@ -110,9 +111,15 @@ def disagg_stack(
                     if name != names[1]:
                         procs.kill(name)
                 break
-            for _, name in candidates:
+            draws += 1
+            assert draws < 20, "no engine 1 with an instance id above engine 0's in 20 draws"
+            # Engine 0 is drawn again too: an id near the top of the range has few above it,
+            # so restarting engine 1 alone could take hundreds of tries.
+            for name in [names[0]] + [name for _, name in candidates]:
                 procs.kill(name)
-            candidates = [(url(r), r.name) for r in [engine(1)]]
+            fresh = [engine(0), engine(1)]
+            urls[0] = url(fresh[0])
+            candidates = [(url(fresh[1]), fresh[1].name)]
         workers: list[str] = []
         for n, url in enumerate(urls):
             workers += ["--worker", url]
