@@ -254,9 +254,12 @@ class DispatcherService:
 
     def _worker(self, request: GenerateRequest | EmbedRequest) -> tuple[str, str]:
         """The (model, worker URL) labels of the engine a request is for."""
-        instance = self.fleet.instances.get(request.instance_id)
+        return self._worker_of(request.instance_id)
+
+    def _worker_of(self, instance_id: int) -> tuple[str, str]:
+        instance = self.fleet.instances.get(instance_id)
         if instance is None:
-            return "", f"instance:{request.instance_id}"
+            return "", f"instance:{instance_id}"
         return instance.model, instance.url
 
     async def _watch_stalls(self) -> None:
@@ -276,8 +279,7 @@ class DispatcherService:
             "instance_id=%d stalled: %s; failing its %d stream(s)", instance_id, message, len(keys)
         )
         self._report_down(instance_id, errors.TIMEOUT, message)
-        instance = self.fleet.instances.get(instance_id)
-        worker = (instance.model, instance.url) if instance else ("", f"instance:{instance_id}")
+        worker = self._worker_of(instance_id)
         for peer, request_id in keys:
             self.metrics.errors.labels(errors.TIMEOUT, *worker).inc()
             self._outbox.post(

@@ -5,9 +5,10 @@ from __future__ import annotations
 import abc
 import array
 import asyncio
+import contextlib
 import hashlib
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeAlias
 
@@ -160,8 +161,15 @@ class EngineClient(abc.ABC):
         the call (the instance was removed) is kind `disconnected`: grpc.aio raises
         UsageError for a call on a closed channel and cancels the calls in flight, which
         must not pass for the caller's own cancellation (it once killed fleet's probe loop)."""
-        try:
+        with self._engine_errors():
             return await method(request, timeout=timeout, metadata=metadata)
+
+    @contextlib.contextmanager
+    def _engine_errors(self) -> Iterator[None]:
+        """gRPC's failures as EngineErrors (see `_rpc`); not on the per-token path, whose
+        loops keep their own handlers to stay one generator deep."""
+        try:
+            yield
         except grpc.aio.AioRpcError as exc:
             raise self._error(exc) from exc
         except grpc.aio.UsageError:
@@ -382,19 +390,11 @@ class EngineClient(abc.ABC):
         """The engine's tokenizer zip, checked against the sha256 on its last chunk."""
         parts: list[bytes] = []
         digest = ""
-        try:
+        with self._engine_errors():
             async for chunk in self._tokenizer_call(timeout):
                 parts.append(chunk.data)
                 if chunk.sha256:
                     digest = chunk.sha256
-        except grpc.aio.AioRpcError as exc:
-            raise self._error(exc) from exc
-        except grpc.aio.UsageError:
-            raise self._closed() from None
-        except asyncio.CancelledError:
-            if _caller_cancelled():
-                raise
-            raise self._closed() from None
         data = b"".join(parts)
         if not digest or hashlib.sha256(data).hexdigest() != digest.lower():
             raise EngineError(
