@@ -97,8 +97,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     timing.add_argument(
         "--prefill-stalls-decode",
         action="store_true",
-        help="prefills run one at a time and hold up the running requests' decode steps (one "
-        "GPU without chunked prefill: what prefill/decode disaggregation avoids)",
+        help="prefills run one at a time, in arrival order, and hold up the running requests' "
+        "decode steps (one GPU without chunked prefill: what prefill/decode disaggregation "
+        "avoids); a prefill matches the prefix cache when its turn comes",
     )
     parser.add_argument("--speedup", type=float, default=1.0, help="divides every delay")
     parser.add_argument(

@@ -183,7 +183,10 @@ class MockEngine:
         # Requests that ended unfinished because their caller aborted them: an Abort call,
         # or a cancelled Generate call (the stock servicers abort the request then too).
         self.aborts = 0
-        self._prefill_busy_until = 0.0  # loop time; with timing.prefill_stalls_decode
+        # With timing.prefill_stalls_decode: one prefill at a time, in arrival order, and the
+        # loop time the running one ends (decode steps due before then wait for it).
+        self._prefill_slot = asyncio.Lock()
+        self._prefill_busy_until = 0.0
 
     @property
     def max_prompt_tokens(self) -> int:
@@ -313,13 +316,19 @@ class MockEngine:
         if sampling.logprobs is not None and sampling.logprobs < 0:
             raise RequestRejected(rid, f"logprobs must be >= 0, got {sampling.logprobs}")
 
-    def _queue_prefill(self, uncached_tokens: int) -> float:
-        """With prefill_stalls_decode: book this prefill after those already running; the
-        seconds until it is done."""
-        now = self._clock()
-        start = max(now, self._prefill_busy_until)
-        self._prefill_busy_until = start + self.timing.prefill_s(uncached_tokens)
-        return self._prefill_busy_until - now
+    async def _prefill_in_turn(self, running: _Running, prompt: Sequence[int]) -> Lease:
+        """With prefill_stalls_decode: wait for the prefills ahead, then match the prompt
+        against the cache (as the engines' schedulers do when they take a request from the
+        waiting queue, so a burst sharing a new prefix hits what the first one stored), run
+        the prefill and store the prompt's blocks. The lease is the running request's."""
+        async with self._prefill_slot:
+            lease = running.lease = self.cache.begin(prompt)
+            prefill = self.timing.prefill_s(len(prompt) - lease.cached_tokens)
+            self._prefill_busy_until = self._clock() + prefill
+            await running.pause(prefill)
+            if not running.aborted:
+                self._commit(lease, prompt, len(prompt))
+            return lease
 
     def _decode_delay(self) -> float:
         """The next decode step, after the prefill that holds the GPU (if stalls are on)."""
@@ -334,7 +343,9 @@ class MockEngine:
         rid = request.request_id
         sampling = request.sampling
         prompt = request.prompt_ids
-        lease = self.cache.begin(prompt)
+        # A queued prefill matches the cache when its turn comes (an empty lease until then).
+        queued = self.timing.prefill_stalls_decode and not request.transferred_tokens
+        lease = Lease([], 0, 0) if queued else self.cache.begin(prompt)
         cached = max(lease.cached_tokens, request.transferred_tokens)
         running = _Running(rid, len(prompt), lease, request.group)
         self._active[rid] = running
@@ -366,14 +377,16 @@ class MockEngine:
             produced = 0
             if request.transferred_tokens:  # the KV arrived: straight to decoding
                 first_delay = self._decode_delay()
-            elif self.timing.prefill_stalls_decode:
-                first_delay = self._queue_prefill(len(prompt) - cached) + self.timing.ttft_s
+            elif queued:
+                lease = await self._prefill_in_turn(running, prompt)
+                cached = lease.cached_tokens
+                first_delay = self.timing.ttft_s
             else:
                 first_delay = self.timing.first_token_s(len(prompt) - cached)
             await running.pause(first_delay)
             if not running.aborted:
                 prefilled = True
-                self._commit(lease, tokens, len(prompt))
+                self._commit(lease, tokens, len(prompt))  # nothing new after a queued prefill
             if limit == 0 and not running.aborted:
                 finished = True
                 yield Step((), 0, Finish(FinishReason.LENGTH), cached)
@@ -446,6 +459,7 @@ class MockEngine:
             del self._active[rid]
             if not finished:
                 self.aborts += 1
+            lease = running.lease  # a queued prefill cancelled in its turn has one too
             if prefilled and not each_step:  # SGLang caches a finished request's sequence
                 self._commit(lease, tokens, max(len(prompt), len(tokens) - 1))
             self.cache.release(lease)

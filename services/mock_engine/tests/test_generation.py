@@ -348,21 +348,54 @@ class TestPrefillStallsDecode:
             clock=lambda: now[0],
         )
 
-    def test_prefills_queue_and_decode_steps_wait_for_them(self, facts: TokenizerFacts) -> None:
+    async def test_a_decode_step_waits_for_the_running_prefill(
+        self, facts: TokenizerFacts
+    ) -> None:
         now = [0.0]
         engine = self.engine(facts, True, now)
-        assert engine._queue_prefill(10) == pytest.approx(0.1)
-        assert engine._queue_prefill(10) == pytest.approx(0.2)  # after the first
-        now[0] = 0.05
-        assert engine._decode_delay() == pytest.approx(0.01 + 0.15)
+        task = asyncio.create_task(steps_of(engine, prompt=range(1, 49), max_new_tokens=1))
+        while not engine._prefill_slot.locked():
+            await asyncio.sleep(0)
+        assert engine._decode_delay() == pytest.approx(0.01 + 0.1)  # the prefill's 0.1 s
         now[0] = 0.3
-        assert engine._decode_delay() == pytest.approx(0.01)
-        assert engine._queue_prefill(10) == pytest.approx(0.1)  # the GPU is free again
+        assert engine._decode_delay() == pytest.approx(0.01)  # the GPU is free again
+        await task
+
+    async def test_a_burst_sharing_a_new_prefix_hits_what_the_first_stored(
+        self, facts: TokenizerFacts
+    ) -> None:
+        """Prefills run one at a time and match the cache when their turn comes: only the
+        first of a burst computes the shared 32-token prefix."""
+        engine = self.engine(facts, True, [0.0])
+        shared = list(range(1, 33))
+        burst = [
+            steps_of(engine, prompt=shared + [100 + n] * 16, rid=f"r{n}", max_new_tokens=1)
+            for n in range(3)
+        ]
+        answers = await asyncio.gather(*burst)
+        assert [steps[0].cached_tokens for steps in answers] == [0, 32, 32]
+
+    async def test_cancelled_while_queued_or_prefilling_pins_nothing(
+        self, facts: TokenizerFacts
+    ) -> None:
+        engine = self.engine(facts, True, [0.0])
+        tasks = [
+            asyncio.create_task(steps_of(engine, prompt=range(1, 49), rid=f"r{n}"))
+            for n in range(3)
+        ]
+        # Until the second prefills (it pins the prefix the first stored); the third waits.
+        while "r1" not in engine._active or not engine._active["r1"].lease.held:
+            await asyncio.sleep(0)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert engine.cache.pinned_blocks == 0
+        assert engine.active_requests == 0
 
     def test_off_by_default(self, facts: TokenizerFacts) -> None:
         now = [0.0]
         engine = self.engine(facts, False, now)
-        engine._queue_prefill(10)
+        engine._prefill_busy_until = 1.0
         assert engine._decode_delay() == pytest.approx(0.01)
 
     async def test_a_request_runs_with_stalls_on(self, facts: TokenizerFacts) -> None:
