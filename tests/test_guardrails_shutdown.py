@@ -2,7 +2,8 @@
 accepting, every stream finishes whole, and only then do the dispatchers, routers, fleet and
 engines stop (regression: every child got SIGTERM at once and streams were cut with "no
 dispatcher is reachable"). SIGTERM to a preprocessor whose streams outlast --shutdown-grace:
-they end with an error event, not a cut connection, and their engine requests are aborted."""
+they end with an error event, not a cut connection, and their engine requests are aborted.
+SIGTERM to a service still waiting for fleet: it stops at once."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import signal
 
 import httpx
 import openai
+import pytest
 from e2e_stack import LOCAL, Processes, running_stack, wait_until
 
 from switchyard.common.engines import connect
+from switchyard.common.ports import free_port
 
 MODEL = "deepseek-mock"
 STREAMS = 32
@@ -118,3 +121,26 @@ class TestShutdown:
             except httpx.HTTPError:
                 pass
             assert procs.procs["dispatcher"].poll() is None  # only the preprocessor stopped
+
+
+@pytest.mark.parametrize(
+    "service", [["router", "--bind", LOCAL], ["dispatcher", "--bind", LOCAL], ["preprocessor"]]
+)
+def test_sigterm_while_fleet_never_answers_stops_at_once(service):
+    """Regression: a service whose fleet did not answer yet waited in the first sync and let
+    SIGTERM go unheard, until the supervisor (or Kubernetes) killed it."""
+    name, *args = service
+    if name == "preprocessor":
+        args = ["--port", "0"]
+    nobody = f"tcp://127.0.0.1:{free_port()}"
+    with Processes() as procs:
+        procs.serve(name, name, *args, "--fleet-control", nobody, "--fleet-events", nobody)
+        wait_until(
+            lambda: "waiting for fleet's first snapshot" in procs.log(name),
+            timeout=30,
+            what="the wait for fleet",
+        )
+        procs.signal(name, signal.SIGTERM)
+        # uvicorn re-raises the SIGTERM it handled once it is done: a clean stop.
+        assert procs.procs[name].wait(timeout=20) in (0, -signal.SIGTERM)
+        assert "stopped before fleet answered" in procs.log(name)

@@ -110,6 +110,7 @@ class FleetClient:
         self._poller.register(sub, zmq.POLLIN)
         self._poller.register(self._monitor, zmq.POLLIN)
         self._open_dealer()
+        log.info("waiting for fleet's first snapshot from %s", self._control_endpoint)
         await self._begin_sync()
         self._task = asyncio.create_task(self._run(), name="fleet-client")
         synced = asyncio.create_task(self._synced.wait())

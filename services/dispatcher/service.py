@@ -21,6 +21,7 @@ from switchyard.common.engines.tls import EngineTls
 from switchyard.common.fleet_client import FleetClient
 from switchyard.common.messaging import LoopSocket, bound_endpoint, decode_routed, new_socket
 from switchyard.common.ports import PortRange
+from switchyard.common.runner import unless_stopped
 from switchyard.dispatcher.channels import DEFAULT_DRAIN_TIMEOUT, ChannelPool
 from switchyard.dispatcher.embeds import run_embed
 from switchyard.dispatcher.metrics import DispatcherMetrics
@@ -92,25 +93,31 @@ class DispatcherService:
         self.bind = bound_endpoint(sock)
         if on_bound is not None:
             on_bound(self.bind)
-        await self.fleet.start()
-        self.pool.apply(
-            [
-                InstanceAdded(i)
-                for i in self.fleet.instances.values()
-                if self.pool.get(i.instance_id) is None
-            ]
-        )
-        log.info("dispatcher ready bind=%s instances=%d", self.bind, len(self.pool))
-        self._io = LoopSocket(sock, self._on_message, multipart=True)
-        self._outbox = Outbox(self._io, self._peer_gone, self.metrics)
-        watchdog = asyncio.create_task(self._watch_stalls()) if self.stall else None
+        watchdog: asyncio.Task[None] | None = None
         try:
+            if not await unless_stopped(self.fleet.start(), stop):
+                log.info("stopped before fleet answered")
+                return
+            self.pool.apply(
+                [
+                    InstanceAdded(i)
+                    for i in self.fleet.instances.values()
+                    if self.pool.get(i.instance_id) is None
+                ]
+            )
+            log.info("dispatcher ready bind=%s instances=%d", self.bind, len(self.pool))
+            self._io = LoopSocket(sock, self._on_message, multipart=True)
+            self._outbox = Outbox(self._io, self._peer_gone, self.metrics)
+            watchdog = asyncio.create_task(self._watch_stalls()) if self.stall else None
             await stop.wait()
             await self._finish_streams()
         finally:
             if watchdog is not None:
                 watchdog.cancel()
-            self._io.close()
+            if self._io is not None:
+                self._io.close()
+            else:
+                sock.close(linger=0)
             tasks = list(self._tasks.values())
             for task in tasks:
                 task.cancel()

@@ -6,8 +6,10 @@ byte; its engine requests aborted), and the process exits once they are answered
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
+from types import FrameType
 
 import uvicorn
 
@@ -24,6 +26,15 @@ class GracefulServer(uvicorn.Server):
         super().__init__(config)
         self._state = state
         self._grace = grace
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        # uvicorn only looks at should_exit once the start-up is over; the start-up's own
+        # waits (fleet not answering yet) give up on this event. Signal handlers run on the
+        # loop's thread, between its callbacks.
+        with contextlib.suppress(RuntimeError):  # no loop running yet
+            loop = asyncio.get_running_loop()
+            loop.call_soon_threadsafe(self._state.stopping.set)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         state = self._state

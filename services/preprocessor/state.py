@@ -17,6 +17,7 @@ import zmq.asyncio
 from switchyard.common.engines.tls import EngineTls
 from switchyard.common.fleet_admin import fleet_admin
 from switchyard.common.fleet_client import FleetClient
+from switchyard.common.runner import unless_stopped
 from switchyard.preprocessor.access_log import AccessLog
 from switchyard.preprocessor.admission import Admission, AdmissionCollector
 from switchyard.preprocessor.admission import Limits as AdmissionLimits
@@ -107,6 +108,7 @@ class PreprocessorState:
         self.metrics.registry.register(AdmissionCollector(self.admission))
         self._zmq: zmq.asyncio.Context | None = None  # the admin calls' sockets (lazily)
         self._tasks: list[asyncio.Task[None]] = []
+        self.stopping = asyncio.Event()  # a SIGTERM came (set by the server)
         self.deps = Deps(
             router=self.router,
             dispatcher=self.dispatcher,
@@ -202,7 +204,7 @@ class PreprocessorState:
         SO_REUSEPORT the kernel then sends connections only to ready preprocessors."""
         try:
             async with asyncio.timeout(timeout):
-                while self.not_ready_reason():
+                while self.not_ready_reason() and not self.stopping.is_set():
                     await asyncio.sleep(0.05)
         except TimeoutError:
             log.warning(
@@ -213,14 +215,17 @@ class PreprocessorState:
     async def lifespan(self, app: object) -> AsyncIterator[None]:
         self.router.start()
         self.dispatcher.start()
-        await self.fleet.start()
-        self.catalog = build_catalog(self.fleet.instances)
-        self.tokenizers.sync(self.catalog)
-        if self.access.keys.file is not None:
-            self._tasks.append(asyncio.create_task(self.access.keys.watch(), name="api-keys"))
-        if self.config.listen_when_ready_s > 0:
-            await self._until_ready(self.config.listen_when_ready_s)
         try:
+            if await unless_stopped(self.fleet.start(), self.stopping):
+                self.catalog = build_catalog(self.fleet.instances)
+                self.tokenizers.sync(self.catalog)
+                if self.access.keys.file is not None:
+                    keys = asyncio.create_task(self.access.keys.watch(), name="api-keys")
+                    self._tasks.append(keys)
+                if self.config.listen_when_ready_s > 0:
+                    await self._until_ready(self.config.listen_when_ready_s)
+            else:  # the server exits as soon as the start-up ends
+                log.info("stopped before fleet answered")
             yield
         finally:
             if self.deps.tracing is not None:

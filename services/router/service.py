@@ -19,6 +19,7 @@ from switchyard.common.engines.tls import EngineTls
 from switchyard.common.fleet_client import FleetClient
 from switchyard.common.messaging import LoopSocket, bound_endpoint, decode_routed, new_socket
 from switchyard.common.ports import PortRange
+from switchyard.common.runner import unless_stopped
 from switchyard.protos import codec
 from switchyard.protos.messages import (
     InstanceAdded,
@@ -113,33 +114,42 @@ class RouterService:
         `bind` searched in `ports`; the KV listener's too, see `kv_listen_endpoint`)."""
         raw = new_socket(self._ctx, zmq.ROUTER, bind=self.bind, sync=True, ports=ports)
         self.bind = bound_endpoint(raw)
-        if self.ingestor is not None:
-            await self.ingestor.start(ports)
-        if on_bound is not None:
-            on_bound(self.bind)
-        await self.fleet.start()
-        self.core.set_instances(self.fleet.instances)
-        if self.ingestor is not None:
-            self.ingestor.apply_events([InstanceAdded(i) for i in self.fleet.instances.values()])
-        if self.poller is not None:
-            self.poller.apply(self.fleet.instances)
-        log.info(
-            "router ready bind=%s mode=%s instances=%d",
-            self.bind,
-            self.core.mode,
-            len(self.fleet.instances),
-        )
-        for profile in (self.core.decode, self.core.prefill):
-            log.info("routing profile %s", profile.describe())
-        self._sock = sock = LoopSocket(raw, self._on_message, multipart=True)
-        watch = asyncio.get_running_loop().create_task(self._watch_silence(stop))
+        watch: asyncio.Task[None] | None = None
         try:
+            if self.ingestor is not None:
+                await self.ingestor.start(ports)
+            if on_bound is not None:
+                on_bound(self.bind)
+            if not await unless_stopped(self.fleet.start(), stop):
+                log.info("stopped before fleet answered")
+                return
+            self.core.set_instances(self.fleet.instances)
+            if self.ingestor is not None:
+                self.ingestor.apply_events(
+                    [InstanceAdded(i) for i in self.fleet.instances.values()]
+                )
+            if self.poller is not None:
+                self.poller.apply(self.fleet.instances)
+            log.info(
+                "router ready bind=%s mode=%s instances=%d",
+                self.bind,
+                self.core.mode,
+                len(self.fleet.instances),
+            )
+            for profile in (self.core.decode, self.core.prefill):
+                log.info("routing profile %s", profile.describe())
+            self._sock = LoopSocket(raw, self._on_message, multipart=True)
+            watch = asyncio.get_running_loop().create_task(self._watch_silence(stop))
             await stop.wait()
         finally:
-            watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watch
-            sock.close()
+            if watch is not None:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
+            if self._sock is not None:
+                self._sock.close()
+            else:
+                raw.close(linger=0)
             await self.fleet.close()
             if self.poller is not None:
                 await self.poller.close()

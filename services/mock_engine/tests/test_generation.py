@@ -348,9 +348,7 @@ class TestPrefillStallsDecode:
             clock=lambda: now[0],
         )
 
-    async def test_a_decode_step_waits_for_the_running_prefill(
-        self, facts: TokenizerFacts
-    ) -> None:
+    async def test_a_decode_step_waits_for_the_running_prefill(self, facts: TokenizerFacts) -> None:
         now = [0.0]
         engine = self.engine(facts, True, now)
         task = asyncio.create_task(steps_of(engine, prompt=range(1, 49), max_new_tokens=1))
