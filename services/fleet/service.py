@@ -109,6 +109,9 @@ class FleetService:
         self._version = time.time_ns() // 1000 if initial_version is None else initial_version
         self._published: Mapping[int, Instance] = MappingProxyType({})
         self._failing: dict[int, str] = {}  # instance id -> last probe error logged
+        # instance id -> the last probe's problem, shown by the admin API at once (also in the
+        # start-up grace, when it is logged at INFO only); cleared when a probe answers
+        self._problems: dict[int, str] = {}
         # Engines that never answered yet, and since when: engines start after (or with) fleet,
         # so their first refusals are a wait, not a fault (logged at INFO for STARTUP_GRACE).
         self._first_probe: dict[int, float] = {}
@@ -310,10 +313,12 @@ class FleetService:
             problem = f"{type(exc).__name__}: {exc}"
         else:
             self._failing.pop(spec.instance_id, None)
+            self._problems.pop(spec.instance_id, None)
             self._answered.add(spec.instance_id)
             self.metrics.probes.labels("ok").inc()
             return info
         self.metrics.probes.labels("failed").inc()
+        self._problems[spec.instance_id] = problem
         first = self._first_probe.setdefault(spec.instance_id, time.monotonic())
         starting = (
             spec.instance_id not in self._answered and time.monotonic() - first < STARTUP_GRACE_S
@@ -393,8 +398,8 @@ class FleetService:
         for spec in self._registry.specs:
             iid = spec.instance_id
             state = self._registry.state(iid)
-            problem = self._failing.get(iid, "")
-            if state == "probing" and problem:
+            problem = self._problems.get(iid, "")
+            if state == "probing" and self._failing.get(iid):  # past the start-up grace
                 state = "down"
             out.append(
                 admin.status(spec, self.source_of(spec), state, self._registry.info(iid), problem)
@@ -442,7 +447,14 @@ class FleetService:
         )
         for spec in removed:
             # A worker added again later starts afresh: probed at once, no backoff left over.
-            for table in (self._failing, self._next_probe, self._failures, self._first_probe):
+            tables = (
+                self._failing,
+                self._problems,
+                self._next_probe,
+                self._failures,
+                self._first_probe,
+            )
+            for table in tables:
                 table.pop(spec.instance_id, None)
         await self._prober.retain({spec.url for spec in specs})
         await self._publish()

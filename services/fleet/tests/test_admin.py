@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 
 import yaml
 import zmq.asyncio
@@ -130,3 +131,15 @@ class TestAdminApi:
             assert await source() == "file"
             assert (await call("remove", str(iid))).status == 409  # the file's now
             assert iid in client.instances  # and it never left the routable set
+
+    async def test_a_probe_error_is_listed_from_the_first_failure(self):
+        """In the start-up grace (an engine never seen up) the problem is logged at INFO only;
+        the list shows it at once, the state still probing."""
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+            url = f"grpc://127.0.0.1:{sock.getsockname()[1]}"
+            async with fleet(WorkerSource([WorkerSpec(url)])) as (call, _, _):
+                async with asyncio.timeout(20):
+                    while not (worker := (await call("list")).workers[0]).error:
+                        await asyncio.sleep(0.05)
+                assert worker.state == "probing" and "cannot_connect" in worker.error
