@@ -24,9 +24,12 @@ same run, not computed.
 
 Modes: `kv` (this router's default), `round_robin`, `kv booking off` (bursts: --booking-ttl 0,
 item 8 off), and `previous kv` (the previous router's kv policy: the stack of another
-checkout, given with --baseline-python, e.g. /work/main/.venv/bin/python).
+checkout, given with --baseline-python, e.g. /work/main/.venv/bin/python). Every mode runs in
+front of this checkout's mock engines (started apart, given to `up` as --worker URLs), so the
+previous router meets the same engine behaviour.
 
     python bench/kv_conversations.py [--baseline-python PY] [--fleets sglang,vllm,mixed]
+    python bench/kv_conversations.py --no-conversations     # the bursts alone
 """
 
 from __future__ import annotations
@@ -76,14 +79,48 @@ def _has_ready_file(python: str) -> bool:
 
 
 @contextlib.contextmanager
-def stack(python: str, engines: str, mock_args: list[str], up_args: list[str]) -> Iterator[str]:
-    """`switchyard up` of the checkout `python` belongs to, on a port it binds itself (port 0,
-    read from its ready file)."""
+def mock_engines(engines: str, mock_args: list[str], folder: Path) -> Iterator[list[str]]:
+    """This checkout's mock engines, one per protocol in `engines`, as `--worker` URLs with
+    their KV-event endpoints: every mode (the previous checkout's router too) is measured
+    against the same engines."""
     import subprocess
 
-    argv = [python, "-m", "switchyard", "up", "--log-level", "WARNING"]
-    argv += ["--mock-engines", engines, *[f"--mock-arg={a}" for a in mock_args], *up_args]
-    with tempfile.TemporaryDirectory(prefix="kv-conversations-") as folder:
+    local = "tcp://127.0.0.1:0"
+    procs, reports = [], []
+    try:
+        for n, protocol in enumerate(engines.split(",")):
+            ready = folder / f"engine-{n}.json"
+            argv = [sys.executable, "-m", "switchyard", "mock-engine", "--protocol", protocol]
+            argv += ["--port", "0", "--ready-file", str(ready), "--model-name", MODEL]
+            argv += ["--kv-events-endpoint", local, "--kv-replay-endpoint", local]
+            argv += ["--log-level", "WARNING", *mock_args]
+            procs.append(subprocess.Popen(argv, start_new_session=True))
+            reports.append(ready)
+        workers = []
+        for proc, ready in zip(procs, reports, strict=True):
+            r = read_ready_file(ready, proc, 120)
+            workers.append(
+                f"grpc://127.0.0.1:{r['port']}?kv_events={r['kv_events']}"
+                f"&kv_replay={r['kv_replay']}"
+            )
+        yield workers
+    finally:
+        stop(*procs)
+
+
+@contextlib.contextmanager
+def stack(python: str, engines: str, mock_args: list[str], up_args: list[str]) -> Iterator[str]:
+    """`switchyard up` of the checkout `python` belongs to, in front of this checkout's mock
+    engines, on a port it binds itself (port 0, read from its ready file)."""
+    import subprocess
+
+    with (
+        tempfile.TemporaryDirectory(prefix="kv-conversations-") as folder,
+        mock_engines(engines, mock_args, Path(folder)) as workers,
+    ):
+        argv = [python, "-m", "switchyard", "up", "--log-level", "WARNING", *up_args]
+        for worker in workers:
+            argv += ["--worker", worker]
         ready = Path(folder) / "up.json"
         if python == sys.executable or _has_ready_file(python):
             argv += ["--http-port", "0", "--ready-file", str(ready)]
@@ -243,6 +280,7 @@ def main() -> int:
     parser.add_argument("--prefill-ms-per-token", type=float, default=0.4)
     parser.add_argument("--baseline-python", default=None, help="the previous checkout's python")
     parser.add_argument("--no-bursts", action="store_true")
+    parser.add_argument("--no-conversations", action="store_true", help="the bursts alone")
     parser.add_argument(
         "--modes",
         default="kv,round_robin",
@@ -293,7 +331,7 @@ def main() -> int:
             base, args.conversations, args.turns, load, args.answer_tokens, args.seed
         )
 
-    for fleet in args.fleets.split(","):
+    for fleet in [] if args.no_conversations else args.fleets.split(","):
         engines = FLEETS[fleet]
         single = engines.split(",")[0]
         best = one = float("nan")
