@@ -51,6 +51,7 @@ import orjson
 from harness import pct, stop, wait_ready
 
 from switchyard.common.ports import free_port, read_ready_file
+from switchyard.common.workers import worker_flag
 
 MODEL = "deepseek-mock"
 FLEETS = {"sglang": "sglang,sglang,sglang,sglang", "vllm": "vllm,vllm,vllm,vllm",
@@ -99,10 +100,8 @@ def mock_engines(engines: str, mock_args: list[str], folder: Path) -> Iterator[l
         workers = []
         for proc, ready in zip(procs, reports, strict=True):
             r = read_ready_file(ready, proc, 120)
-            workers.append(
-                f"grpc://127.0.0.1:{r['port']}?kv_events={r['kv_events']}"
-                f"&kv_replay={r['kv_replay']}"
-            )
+            url = f"grpc://127.0.0.1:{r['port']}"
+            workers.append(worker_flag(url, kv_events=r["kv_events"], kv_replay=r["kv_replay"]))
         yield workers
     finally:
         stop(*procs)

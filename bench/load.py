@@ -50,6 +50,7 @@ from report import FLOOR, SMG, TargetResult, markdown, plots, summarize
 
 from switchyard.common.engines.connect import connect
 from switchyard.common.ports import read_ready_file
+from switchyard.common.workers import worker_flag
 from switchyard.preprocessor.tokenizer import TokenizerBundle, default_tokenizer_dir
 
 HERE = Path(__file__).resolve().parent
@@ -237,7 +238,9 @@ def start_engines(
         except Exception as exc:
             raise RuntimeError(f"mock engine did not start: {procs.log_tail(proc)}") from exc
         urls.append(url)
-        kv_urls.append(f"{url}?kv_events={report['kv_events']}&kv_replay={report['kv_replay']}")
+        kv_urls.append(
+            worker_flag(url, kv_events=report["kv_events"], kv_replay=report["kv_replay"])
+        )
     return engines, urls, kv_urls
 
 

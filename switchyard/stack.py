@@ -50,6 +50,7 @@ from switchyard.common.ports import (
     wildcard_endpoint,
     write_ready_file,
 )
+from switchyard.common.workers import worker_flag
 from switchyard.dispatcher.channels import DEFAULT_DRAIN_TIMEOUT
 from switchyard.dispatcher.cli import seconds
 from switchyard.preprocessor.auth import ADMIN_TOKEN_ENV, KEYS_ENV, keys_from_env
@@ -355,7 +356,7 @@ class Launcher:
             # The operator's per-worker options tell fleet where each engine publishes KV
             # events (vLLM engines do not advertise it; SGLang ones do, and this agrees).
             url = f"grpc://127.0.0.1:{r['port']}"
-            workers.append(f"{url}?kv_events={r['kv_events']}&kv_replay={r['kv_replay']}")
+            workers.append(worker_flag(url, kv_events=r["kv_events"], kv_replay=r["kv_replay"]))
             if role == "prefill":
                 prefill.append(url)
         if not workers and not args.workers_file:

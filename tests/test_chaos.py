@@ -20,6 +20,7 @@ import pytest
 from e2e_stack import LOCAL, Processes, wait_until
 
 from switchyard.common.ports import wildcard_endpoint
+from switchyard.common.workers import worker_flag
 
 MODEL = "deepseek-mock"
 STREAMS = 32
@@ -98,8 +99,11 @@ def chaos_stack(
             )
             workers += [
                 "--worker",
-                f"grpc://127.0.0.1:{r['port']}?kv_events={r['kv_events']}"
-                f"&kv_replay={r['kv_replay']}",
+                worker_flag(
+                    f"grpc://127.0.0.1:{r['port']}",
+                    kv_events=r["kv_events"],
+                    kv_replay=r["kv_replay"],
+                ),
             ]
         fleet = procs.serve(
             "fleet",

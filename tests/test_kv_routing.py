@@ -8,6 +8,8 @@ import httpx
 import openai
 from e2e_stack import LOCAL, Processes, running_stack, wait_until
 
+from switchyard.common.workers import worker_flag
+
 MODEL = "deepseek-mock"
 SYSTEM = "You are the yard master. " + " ".join(
     f"Rule {i}: track {i} takes freight cars bound for siding {i * 7}." for i in range(40)
@@ -100,9 +102,10 @@ def test_restarted_router_rebuilds_its_index():
             "engine", "mock-engine", "--protocol", "sglang", "--port", "0",
             "--kv-events-endpoint", LOCAL, "--kv-replay-endpoint", LOCAL, "--speedup", "4",
         )  # fmt: skip
-        worker = (
-            f"grpc://127.0.0.1:{engine['port']}?kv_events={engine['kv_events']}"
-            f"&kv_replay={engine['kv_replay']}"
+        worker = worker_flag(
+            f"grpc://127.0.0.1:{engine['port']}",
+            kv_events=engine["kv_events"],
+            kv_replay=engine["kv_replay"],
         )
         fleet = procs.serve(
             "fleet", "fleet", "--worker", worker, "--control", LOCAL, "--events", LOCAL,

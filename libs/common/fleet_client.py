@@ -33,6 +33,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from switchyard.common.instance_diff import apply_events, diff_instances, index_instances
+from switchyard.common.runner import unless_stopped
 from switchyard.protos import codec
 from switchyard.protos.messages import (
     FleetUpdate,
@@ -94,6 +95,14 @@ class FleetClient:
     def version(self) -> int | None:
         """Fleet version `instances` reflects; None before the first snapshot."""
         return self._version
+
+    async def start_unless_stopped(self, stop: asyncio.Event) -> bool:
+        """`start()` unless `stop` is set first (a SIGTERM while fleet has not answered yet):
+        False then, and the service should end without serving."""
+        if await unless_stopped(self.start(), stop):
+            return True
+        log.info("stopped before fleet answered")
+        return False
 
     async def start(self, timeout: float | None = None) -> None:
         """Connect and wait for the first snapshot (forever when `timeout` is None). Raises

@@ -97,6 +97,16 @@ def _split_query(text: str) -> tuple[str, dict[str, str]]:
     return base, options
 
 
+def worker_flag(url: str, **options: str | None) -> str:
+    """The `--worker` value of `url` with its options (what parse_worker reads); options
+    that are None are left out."""
+    unknown = [name for name in options if name not in OPTIONS]
+    if unknown:
+        raise ValueError(f"unknown worker option(s) {unknown}")
+    query = "&".join(f"{name}={value}" for name, value in options.items() if value is not None)
+    return f"{url}?{query}" if query else url
+
+
 def parse_worker(text: str) -> WorkerSpec:
     """A `--worker` value: a URL whose query holds the options."""
     try:

@@ -21,7 +21,6 @@ from switchyard.common.engines.tls import EngineTls
 from switchyard.common.fleet_client import FleetClient
 from switchyard.common.messaging import LoopSocket, bound_endpoint, decode_routed, new_socket
 from switchyard.common.ports import PortRange
-from switchyard.common.runner import unless_stopped
 from switchyard.dispatcher.channels import DEFAULT_DRAIN_TIMEOUT, ChannelPool
 from switchyard.dispatcher.embeds import run_embed
 from switchyard.dispatcher.metrics import DispatcherMetrics
@@ -95,8 +94,7 @@ class DispatcherService:
             on_bound(self.bind)
         watchdog: asyncio.Task[None] | None = None
         try:
-            if not await unless_stopped(self.fleet.start(), stop):
-                log.info("stopped before fleet answered")
+            if not await self.fleet.start_unless_stopped(stop):
                 return
             self.pool.apply(
                 [

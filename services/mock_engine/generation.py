@@ -386,7 +386,8 @@ class MockEngine:
             await running.pause(first_delay)
             if not running.aborted:
                 prefilled = True
-                self._commit(lease, tokens, len(prompt))  # nothing new after a queued prefill
+                if not queued:  # a queued prefill stored the prompt as it ended
+                    self._commit(lease, tokens, len(prompt))
             if limit == 0 and not running.aborted:
                 finished = True
                 yield Step((), 0, Finish(FinishReason.LENGTH), cached)

@@ -17,7 +17,6 @@ import zmq.asyncio
 from switchyard.common.engines.tls import EngineTls
 from switchyard.common.fleet_admin import fleet_admin
 from switchyard.common.fleet_client import FleetClient
-from switchyard.common.runner import unless_stopped
 from switchyard.preprocessor.access_log import AccessLog
 from switchyard.preprocessor.admission import Admission, AdmissionCollector
 from switchyard.preprocessor.admission import Limits as AdmissionLimits
@@ -216,7 +215,7 @@ class PreprocessorState:
         self.router.start()
         self.dispatcher.start()
         try:
-            if await unless_stopped(self.fleet.start(), self.stopping):
+            if await self.fleet.start_unless_stopped(self.stopping):
                 self.catalog = build_catalog(self.fleet.instances)
                 self.tokenizers.sync(self.catalog)
                 if self.access.keys.file is not None:
@@ -224,9 +223,7 @@ class PreprocessorState:
                     self._tasks.append(keys)
                 if self.config.listen_when_ready_s > 0:
                     await self._until_ready(self.config.listen_when_ready_s)
-            else:  # the server exits as soon as the start-up ends
-                log.info("stopped before fleet answered")
-            yield
+            yield  # stopped first: the server exits as soon as the start-up ends
         finally:
             if self.deps.tracing is not None:
                 self.deps.tracing.shutdown()  # exports the spans still pending

@@ -19,7 +19,6 @@ from switchyard.common.engines.tls import EngineTls
 from switchyard.common.fleet_client import FleetClient
 from switchyard.common.messaging import LoopSocket, bound_endpoint, decode_routed, new_socket
 from switchyard.common.ports import PortRange
-from switchyard.common.runner import unless_stopped
 from switchyard.protos import codec
 from switchyard.protos.messages import (
     InstanceAdded,
@@ -120,8 +119,7 @@ class RouterService:
                 await self.ingestor.start(ports)
             if on_bound is not None:
                 on_bound(self.bind)
-            if not await unless_stopped(self.fleet.start(), stop):
-                log.info("stopped before fleet answered")
+            if not await self.fleet.start_unless_stopped(stop):
                 return
             self.core.set_instances(self.fleet.instances)
             if self.ingestor is not None:

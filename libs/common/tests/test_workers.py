@@ -10,6 +10,7 @@ from switchyard.common.workers import (
     parse_worker,
     parse_worker_entry,
     parse_workers_text,
+    worker_flag,
 )
 
 
@@ -32,6 +33,14 @@ class TestParseWorker:
     def test_options(self):
         spec = parse_worker("grpc://h:1?kv_events=tcp://h:5557&kv_replay=tcp://h:5558&role=prefill")
         assert spec == WorkerSpec("grpc://h:1", "tcp://h:5557", "tcp://h:5558", prefill=True)
+
+    def test_worker_flag_is_what_it_reads(self):
+        flag = worker_flag("grpc://h:1", kv_events="tcp://h:5557", kv_replay=None, role="prefill")
+        assert flag == "grpc://h:1?kv_events=tcp://h:5557&role=prefill"
+        assert parse_worker(flag) == WorkerSpec("grpc://h:1", "tcp://h:5557", prefill=True)
+        assert worker_flag("grpc://h:1") == "grpc://h:1"
+        with pytest.raises(ValueError, match="colour"):
+            worker_flag("grpc://h:1", colour="red")
 
     def test_decode_role_is_not_prefill(self):
         assert not parse_worker("grpc://h:1?role=decode").prefill
