@@ -173,6 +173,7 @@ class WorkerScore(msgspec.Struct, frozen=True, kw_only=True):
     ttft_ms: float = 0.0
     prefill_ms: float = 0.0  # computing the uncached prompt tokens there
     queue_ms: float = 0.0  # waiting behind the prefills already queued there
+    decode_ms: float = 0.0  # the decode term of the cost: the batch it would join there
     cached_tokens: int = 0  # prompt tokens expected from its cache (offloaded tiers weighed)
     pending_tokens: int = 0  # of those, tokens booked by requests not prefilled yet
     engine_running: int = -1  # the engine's own load report (-1: none yet)

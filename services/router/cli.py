@@ -64,6 +64,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="weight of the prefill work a choice adds to a worker (default %(default)s)",
     )
     group.add_argument(
+        "--decode-ms-per-1k-tokens",
+        type=float,
+        default=defaults.decode_ms_per_1k_tokens,
+        help="what 1k tokens of KV in flight on a worker cost a request joining them "
+        "(default %(default)s; 0 ignores the decode batch)",
+    )
+    group.add_argument(
+        "--output-tokens",
+        type=int,
+        default=defaults.output_tokens,
+        help="tokens each request in flight is assumed to add to its worker's KV "
+        "(default %(default)s)",
+    )
+    group.add_argument(
         "--offload-weight",
         type=float,
         default=defaults.offload_weight,
@@ -140,6 +154,8 @@ def routing_from_args(args: argparse.Namespace) -> routing_config.RoutingConfig:
         prefill_ms_per_1k_tokens=args.prefill_ms_per_1k_tokens,
         base_ms=args.ttft_base_ms,
         work_weight=args.work_weight,
+        decode_ms_per_1k_tokens=args.decode_ms_per_1k_tokens,
+        output_tokens=args.output_tokens,
         offload_weight=args.offload_weight,
         learn=not args.no_learn_prefill_speed,
     )

@@ -12,7 +12,8 @@ File format (every key optional; an omitted profile or list takes the mode's pre
       picker: max_score           # or {name: weighted_random, temperature: 0.05}
     prefill:                      # the prefill hop's worker (disaggregated serving)
       scorers: [predicted_ttft]
-    time: {prefill_ms_per_1k_tokens: 50, base_ms: 25, work_weight: 0.5, learn: true}
+    time: {prefill_ms_per_1k_tokens: 50, base_ms: 25, work_weight: 0.5,
+           decode_ms_per_1k_tokens: 5, output_tokens: 256, learn: true}
     bookings: {ttl_s: 10}         # pending bookings of routed prompts (ttl_s 0: off)
 
 A plugin is a name or a mapping {name, weight (scorers), ...its parameters}.

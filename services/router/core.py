@@ -279,6 +279,7 @@ class RouterCore:
             # With a hop the decode worker receives the prompt's KV: nothing to prefill.
             prefill_tokens=0 if hop else uncached,
             tokens=prompt,
+            kv_tokens=uncached,
             learn=hop is None and chosen.instance.local_prefill,
         )
         if hop is not None:
@@ -296,6 +297,7 @@ class RouterCore:
                 now,
                 prefill_tokens=hop_uncached,
                 tokens=prompt,
+                kv_tokens=hop_uncached,
                 learn=True,
             )
         self.decode.observe(ctx, chosen)
@@ -351,6 +353,7 @@ class RouterCore:
                     ttft_ms=why.ttft_s * 1e3 if why else 0.0,
                     prefill_ms=why.prefill_s * 1e3 if why else 0.0,
                     queue_ms=why.queue_s * 1e3 if why else 0.0,
+                    decode_ms=why.decode_s * 1e3 if why else 0.0,
                     cached_tokens=why.cached_tokens if why else overlap * size,
                     pending_tokens=why.pending_tokens if why else 0,
                     engine_running=report.running if report else -1,

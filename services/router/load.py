@@ -26,6 +26,7 @@ class _Entry:
     deadline: float
     prefill_tokens: int
     tokens: int
+    kv_tokens: int
     routed_at: float
     ahead_tokens: int  # prefill tokens queued on the worker when this one was routed
     learn: bool  # its first token times a prefill on this worker
@@ -71,16 +72,21 @@ class InFlightTracker:
         prefill_tokens: int = 0,
         tokens: int = 0,
         learn: bool = False,
+        kv_tokens: int | None = None,
     ) -> None:
+        """`tokens`: its prompt; `kv_tokens`: those not cached there (default: all of them);
+        `prefill_tokens`: those the worker will compute (none when a hop prefills them)."""
         self.finish(request_id)  # a re-route (migration) replaces the old placement
         load = self.load(key)
+        kv = tokens if kv_tokens is None else kv_tokens
         self._requests[request_id] = _Entry(
-            key, load, now + self.ttl, prefill_tokens, tokens, now, load.prefill_tokens, learn
+            key, load, now + self.ttl, prefill_tokens, tokens, kv, now, load.prefill_tokens, learn
         )
         load.in_flight += 1
         load.in_prefill += 1
         load.prefill_tokens += prefill_tokens
         load.active_tokens += tokens
+        load.kv_tokens += kv
 
     def first_token(self, request_id: str, now: float | None = None) -> FirstToken | None:
         entry = self._requests.get(request_id)
@@ -103,6 +109,7 @@ class InFlightTracker:
         load = entry.load
         load.in_flight -= 1
         load.active_tokens -= entry.tokens
+        load.kv_tokens -= entry.kv_tokens
         if entry.prefilling:
             load.in_prefill -= 1
             load.prefill_tokens -= entry.prefill_tokens

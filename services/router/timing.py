@@ -4,7 +4,9 @@
     prefill  = uncached prompt tokens there x seconds per token(w)
     queue    = prefill tokens already queued there x seconds per token(w)
                + running requests there x running_penalty
-    cost(w)  = ttft(w) + work_weight x prefill(w)
+    decode   = decode seconds per KV token
+               x (KV tokens in flight there + requests there x output_tokens)
+    cost(w)  = ttft(w) + work_weight x prefill(w) + decode(w)
 
 `queue` counts the router's own bookkeeping (prompt tokens routed there and not prefilled
 yet) or the engine's report of its queued prefill work, whichever is larger (each is a lower
@@ -14,10 +16,29 @@ prefix is being prefilled on one worker right now waits about as long there as i
 to compute it elsewhere, and the work term is what keeps it there instead of computing the
 prefix twice.
 
+The decode term prices the batch a request joins (Dynamo's router weighs active decode
+blocks 1:1 with blocks to prefill): every step reads the KV of every running sequence, so a
+token of KV in flight slows each step there. By the arithmetic of a GPU's memory bandwidth
+(an 8B model: ~0.04 ms per 1k tokens of KV per step), over 256 output steps, 1k tokens in
+flight cost a request joining them ~10 ms, a fifth of what the prior says 1k tokens take to
+prefill. That slowdown lands on inter-token latency, not on the first token the rest of the
+cost is about, so the default is half of it, 5 ms per 1k: a conversation's cached prefix
+still outweighs half a dozen long conversations running beside it, and long decodes still
+spread over idle engines. It is in absolute time, not a share of the learned prefill speed:
+an engine whose prefill looks free (a mock, a tiny prompt) still has a decode batch. KV in
+flight is what each request added beyond what the worker held when it was routed (a shared
+prefix is held once, as Dynamo counts its active blocks), so a burst sharing a prefix adds
+little. The router sees prompts, not outputs: each request in flight counts `output_tokens`
+more.
+
 Speeds are learned per worker from the router's own observations (route -> first token, for
 requests prefilled where they were routed): an exponentially weighted least-squares fit of
 observed TTFT against the prefill tokens ahead of and in the request, shrunk towards the
-configured prior when the observations do not spread enough to tell slope from base.
+configured prior when the observations do not spread enough to tell slope from base. A
+worker with too few observations of its own (new, or rarely chosen) uses the fit pooled over
+every worker of the fleet, once that has enough: the prior is a guess, the fleet's engines
+are usually alike, and a new worker that looks faster (or slower) than it is draws every
+request (or none).
 """
 
 from __future__ import annotations
@@ -46,6 +67,8 @@ class TimeParams:
     base_ms: float = 25.0  # prior fixed cost of a first token
     running_penalty_ms: float = 0.2  # each running request slows a new prefill this much
     work_weight: float = 0.5  # weight of the prefill work a choice adds (see module doc)
+    decode_ms_per_1k_tokens: float = 5.0  # what 1k tokens of KV in flight cost a newcomer
+    output_tokens: int = 256  # what each request in flight is assumed to add to its KV
     offload_weight: float = 0.8  # share of a block's prefill an offloaded-tier hit saves
     learn: bool = True  # learn speeds from observed TTFT
 
@@ -54,11 +77,19 @@ class TimeParams:
         _check("base_ms", self.base_ms, 0.0, 1e6)
         _check("running_penalty_ms", self.running_penalty_ms, 0.0, 1e6)
         _check("work_weight", self.work_weight, 0.0, 100.0)
+        _check("decode_ms_per_1k_tokens", self.decode_ms_per_1k_tokens, 0.0, 1e6)
+        _check("output_tokens", self.output_tokens, 0, 1_000_000)
+        if not isinstance(self.output_tokens, int) or isinstance(self.output_tokens, bool):
+            raise ValueError(f"output_tokens must be an integer, got {self.output_tokens!r}")
         _check("offload_weight", self.offload_weight, 0.0, 1.0)
 
     @property
     def per_token_s(self) -> float:
         return self.prefill_ms_per_1k_tokens / 1e6
+
+    @property
+    def decode_per_token_s(self) -> float:
+        return self.decode_ms_per_1k_tokens / 1e6
 
     @property
     def base_s(self) -> float:
@@ -102,19 +133,34 @@ class TimeModel:
     def __init__(self, params: TimeParams | None = None) -> None:
         self.params = params or TimeParams()
         self._speeds: dict[WorkerKey, PrefillSpeed] = {}
+        self._fleet = self._new_speed()  # every worker's observations, pooled
 
-    def speed(self, key: WorkerKey) -> PrefillSpeed:
+    def _new_speed(self) -> PrefillSpeed:
+        return PrefillSpeed(self.params.per_token_s, self.params.base_s)
+
+    def own_speed(self, key: WorkerKey) -> PrefillSpeed:
+        """The fit of this worker's own observations (the prior until it has some)."""
         speed = self._speeds.get(key)
         if speed is None:
-            p = self.params
-            speed = self._speeds[key] = PrefillSpeed(p.per_token_s, p.base_s)
+            speed = self._speeds[key] = self._new_speed()
         return speed
+
+    def speed(self, key: WorkerKey) -> PrefillSpeed:
+        """The fit the cost uses: the worker's own once it has enough observations, else the
+        fleet's pooled one once that has, else the prior."""
+        own = self._speeds.get(key)
+        if own is not None and own.n >= _MIN_SAMPLES:
+            return own
+        if self._fleet.n >= _MIN_SAMPLES:
+            return self._fleet
+        return own if own is not None else self.own_speed(key)
 
     def observe(self, key: WorkerKey, tokens: float, seconds: float) -> None:
         """A request routed to `key` had `tokens` of prefill ahead of and in it (as the router
         saw at routing time) and its first token came `seconds` later."""
         if self.params.learn:
-            self.speed(key).observe(tokens, seconds)
+            self.own_speed(key).observe(tokens, seconds)
+            self._fleet.observe(tokens, seconds)
 
     def forget(self, key: WorkerKey) -> None:
         self._speeds.pop(key, None)

@@ -42,13 +42,16 @@ class Needs(enum.Flag):
 class RouterLoad:
     """The router's own bookkeeping of what it routed to a worker (tokens, not blocks)."""
 
-    __slots__ = ("in_flight", "in_prefill", "prefill_tokens", "active_tokens")
+    __slots__ = ("in_flight", "in_prefill", "prefill_tokens", "active_tokens", "kv_tokens")
 
     def __init__(self) -> None:
         self.in_flight = 0  # routed and not finished
         self.in_prefill = 0  # of those, no first token yet
         self.prefill_tokens = 0  # uncached prompt tokens of those not prefilled yet
         self.active_tokens = 0  # prompt tokens of every request in flight
+        # Of those, the ones not cached there when routed: the KV the requests in flight
+        # added (a shared prefix is held once, as Dynamo counts its active blocks).
+        self.kv_tokens = 0
 
 
 class EngineLoad:
@@ -111,6 +114,7 @@ class Explanation:
     queue_s: float = 0.0
     cached_tokens: int = 0
     pending_tokens: int = 0
+    decode_s: float = 0.0  # the decode term: the batch it would join there
 
 
 @dataclass(slots=True)

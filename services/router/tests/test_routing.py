@@ -50,6 +50,41 @@ class TestKvInTimeUnits:
         assert c.route(req("turn", conversation + [7] * 40), now=0).response.instance_id == 1
 
 
+class TestDecodeLoad:
+    def test_long_decodes_spread_over_an_idle_engine(self):
+        """Regression: with only the running penalty (0.2 ms a request), a one-block hit
+        outweighed any decode batch, so a new engine got no streams while the others each ran
+        8 long ones."""
+        tokens = prompt(5, 40)
+        for weight, expected in ((5.0, 1), (0.0, 2)):
+            c = core(inst(1), inst(2), time=TimeParams(decode_ms_per_1k_tokens=weight))
+            hold(c, (2, 0), tokens[:32])
+            for n in range(8):  # decoding there, prefilled long ago
+                c.tracker.add(f"s{n}", (2, 0), now=0, tokens=40)
+                c.tracker.first_token(f"s{n}")
+            assert c.route(req("new", tokens), now=0).response.instance_id == expected
+
+    def test_explained_in_milliseconds(self):
+        c = core(inst(1), inst(2))
+        c.tracker.add("s", (2, 0), now=0, tokens=1000)
+        rows = {
+            w.instance_id: w
+            for w in c.route(req("d", prompt(6, 64), dry_run=True), now=0).response.workers
+        }
+        # 5 ms per 1k tokens x (1000 prompt + 256 output tokens in flight)
+        assert abs(rows[2].decode_ms - 5 * 1.256) < 1e-6
+        assert rows[1].decode_ms == 0.0
+
+    def test_bad_values_raise(self):
+        for bad in ({"decode_ms_per_1k_tokens": -1}, {"output_tokens": 1.5}, {"output_tokens": -3}):
+            try:
+                TimeParams(**bad)
+            except ValueError as e:
+                assert next(iter(bad)) in str(e)
+            else:
+                raise AssertionError(f"{bad} accepted")
+
+
 class TestDataParallel:
     def test_prefix_on_rank_1_is_routed_to_rank_1(self):
         c = core(inst(1, dp_size=2), inst(2))
@@ -171,6 +206,19 @@ class TestTimeModel:
         for _ in range(20):
             model.observe((1, 0), 1000, 0.2)  # one size only: slope unknowable
         assert abs(model.speed((1, 0)).slope - 5e-5) < 1e-5
+
+    def test_a_new_worker_is_priced_by_the_fleet_fit(self):
+        """Regression: a worker with no observations of its own kept the prior (25 ms base)
+        while its peers had learned 5 ms, so a new engine looked slow and drew no requests."""
+        model = TimeModel(TimeParams())
+        for n in range(20):
+            model.observe((1, 0), 100 * (n % 5), 0.005 + 1e-5 * 100 * (n % 5))
+        assert model.speed((2, 0)) is model.speed((3, 0))  # the pooled fit
+        assert abs(model.speed((2, 0)).base - 0.005) < 0.002
+        for n in range(8):  # its own, once it has enough
+            model.observe((2, 0), 100 * (n % 4), 0.05 + 1e-4 * 100 * (n % 4))
+        assert model.speed((2, 0)) is model.own_speed((2, 0))
+        assert model.speed((2, 0)).base > 0.02
 
     def test_learning_off(self):
         model = TimeModel(TimeParams(learn=False))
