@@ -27,8 +27,10 @@ def pct(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def switchyard(*args: str, **popen: object) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "switchyard", *args], **popen)  # type: ignore[call-overload]
+def switchyard(*args: str, python: str | None = None, **popen: object) -> subprocess.Popen[bytes]:
+    """`switchyard <args>` with this interpreter, or `python` (another checkout's venv)."""
+    exe = python or sys.executable
+    return subprocess.Popen([exe, "-m", "switchyard", *args], **popen)  # type: ignore[call-overload]
 
 
 def started(*args: str, timeout: float = 60.0, **popen: object):

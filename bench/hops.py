@@ -21,6 +21,7 @@ shares the machine; wall-clock latencies are secondary. Read ratios within a run
     python bench/hops.py grpc --concurrency 1,32      # one section, some load points
     python bench/hops.py grpc --variants aio,sync-st --rounds 5
     python bench/hops.py --quick                      # a tiny configuration (smoke test)
+    python bench/hops.py grpc --variants aio-ref,aio --ref-python ../main/.venv/bin/python
 
 Results: bench/results/hops.md and hops.json.
 """
@@ -109,10 +110,12 @@ class ChildJob:
     """python <argv> from bench/: it prints "warm" when warmed up, measures after a line on its
     stdin, and prints its JSON result as the last line of its output."""
 
-    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, argv: list[str], env: dict[str, str] | None = None, python: str | None = None
+    ) -> None:
         self.argv = argv
         self.proc = subprocess.Popen(
-            [sys.executable, *argv], cwd=HERE, env=env, text=True, stdin=subprocess.PIPE,
+            [python or sys.executable, *argv], cwd=HERE, env=env, text=True, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
 
@@ -192,6 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", default=None, help="comma-separated replies per stream")
     parser.add_argument("--seconds", type=float, default=None, help="length of each measured run")
     parser.add_argument("--out-dir", type=Path, default=HERE / "results")
+    parser.add_argument(
+        "--ref-python",
+        default=None,
+        help="interpreter of another checkout's venv (e.g. main's): the `*-ref` variants run "
+        "that checkout's code, for a before/after in one run",
+    )
     args = parser.parse_args(argv)
     chosen = args.sections or list(sections)
 

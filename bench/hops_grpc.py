@@ -19,6 +19,7 @@ Variants (see VARIANTS; the default set is DEFAULT_VARIANTS):
   sync-st          the sync stub with ChannelOptions.SingleThreadedUnaryStream, each stream
                    read by a thread of a pool, messages handed to the loop (call_soon_threadsafe)
   sync-mt          the same with the default (multi-threaded) sync channel
+  aio-ref          `aio` run by --ref-python: another checkout's EngineClient (before/after)
 
 Besides CPU per message and per request, each run reports its voluntary context switches per
 message (wake-ups) and, in its JSON line, CPU and wake-ups per thread name (event_engine: gRPC
@@ -190,7 +191,11 @@ VARIANTS: dict[str, Variant] = {
         lambda url: SyncThreaded(url, True), note="sync stub, SingleThreadedUnaryStream, threads"
     ),
     "sync-mt": Variant(lambda url: SyncThreaded(url, False), note="sync stub, default, threads"),
+    # Its child runs under --ref-python, whose checkout's library answers the imports above.
+    "aio-ref": Variant(lambda url: AioEngine(url), note="aio in the --ref-python checkout"),
 }
+
+REF_SUFFIX = "-ref"
 
 
 def thread_cpu() -> dict[str, tuple[float, int]]:
@@ -386,6 +391,9 @@ def run(args: argparse.Namespace, progress: Callable[[str], None]) -> tuple[list
     token_counts = [int(t) for t in (args.tokens or ("16" if quick else "16,128")).split(",")]
     rounds = args.rounds or (1 if quick else 3)
     seconds = args.seconds or (1.0 if quick else 6.0)
+    ref_python = getattr(args, "ref_python", None)
+    if any(v.endswith(REF_SUFFIX) for v in variants) and not ref_python:
+        raise SystemExit("the *-ref variants need --ref-python")
     comparisons = []
     with tempfile.TemporaryDirectory(prefix="hops-grpc-") as tmp:
         procs = Processes(Path(tmp))
@@ -409,7 +417,10 @@ def run(args: argparse.Namespace, progress: Callable[[str], None]) -> tuple[list
                     def launch(variant: str, c: int = concurrency, t: int = tokens) -> Any:
                         argv = ["hops_grpc.py", "--variant", variant, "--url", url, "--uvloop"]
                         argv += ["--concurrency", str(c), "--seconds", str(seconds)]
-                        job = ChildJob(argv + ["--tokens", str(t)], env=child_env(variant))
+                        python = ref_python if variant.endswith(REF_SUFFIX) else None
+                        job = ChildJob(
+                            argv + ["--tokens", str(t)], env=child_env(variant), python=python
+                        )
                         return _Measured(job)
 
                     comparisons.append(run_pairs(comparison, variants, rounds, launch, progress))

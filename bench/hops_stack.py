@@ -7,8 +7,10 @@ client reads the CPU time and voluntary context switches of the three processes 
 over the measured window; TTFT and throughput come from its own samples.
 
 Variants:
-  tcp   the router and dispatcher endpoints on tcp://127.0.0.1 (what `switchyard up` uses)
-  ipc   the same on ipc:// sockets in a temporary folder
+  tcp      the router and dispatcher endpoints on tcp://127.0.0.1 (what `switchyard up` uses)
+  ipc      the same on ipc:// sockets in a temporary folder
+  tcp-ref  tcp, its dispatcher run by --ref-python (another checkout's): a before/after of the
+           dispatcher in one run, e.g. `hops.py stack --variants tcp-ref,tcp --ref-python P`
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ def child_main(argv: list[str]) -> None:
 
 # --- the parent ----------------------------------------------------------------------------
 
-VARIANTS = ("tcp", "ipc")
+VARIANTS = ("tcp", "ipc", "tcp-ref")
 
 
 class _Run:
@@ -137,7 +139,7 @@ class _Run:
         self.procs = procs
         self.variant = variant
         tag = f"{variant}-{time.monotonic_ns()}"
-        if variant == "tcp":
+        if variant.startswith("tcp"):
             router, dispatcher = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
         else:
             router, dispatcher = (f"ipc://{ctx['tmp']}/{n}-{tag}.sock" for n in SERVICES[:2])
@@ -147,7 +149,8 @@ class _Run:
         self.started = [
             procs.start_switchyard(f"router-{tag}", "router", "--bind", router, *fleet, *quiet),
             procs.start_switchyard(
-                f"dispatcher-{tag}", "dispatcher", "--bind", dispatcher, *fleet, *quiet
+                f"dispatcher-{tag}", "dispatcher", "--bind", dispatcher, *fleet, *quiet,
+                python=ctx["ref_python"] if variant.endswith("-ref") else None,
             ),
             procs.start_switchyard(
                 f"preprocessor-{tag}", "preprocessor", "--port", str(http), "--router", router,
@@ -202,6 +205,8 @@ def run(args: argparse.Namespace, progress: Callable[[str], None]) -> tuple[list
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"unknown stack variants: {unknown}; known: {list(VARIANTS)}")
+    if "tcp-ref" in variants and not getattr(args, "ref_python", None):
+        raise SystemExit("the tcp-ref variant needs --ref-python")
     concurrencies = [int(c) for c in (args.concurrency or ("4" if quick else "1,32")).split(",")]
     tokens = int((args.tokens or "16").split(",")[0])
     rounds = args.rounds or (1 if quick else 3)
@@ -233,6 +238,7 @@ def run(args: argparse.Namespace, progress: Callable[[str], None]) -> tuple[list
                 "events": events,
                 "tokenizer": str(tokenizer),
                 "tokens": tokens,
+                "ref_python": getattr(args, "ref_python", None),
             }
             for concurrency in concurrencies:
                 comparison = Comparison(

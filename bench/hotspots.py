@@ -98,6 +98,31 @@ def summarize(collapsed: Path, top: int) -> tuple[int, Ranking, Ranking]:
     return total, own.most_common(top), inclusive.most_common(top)
 
 
+def dispatcher_batching(ready: Path) -> tuple[float, float] | None:
+    """(replies, ZMQ messages) the dispatcher sent so far, from its /metrics."""
+    import json
+    import urllib.request
+
+    try:
+        port = json.loads(ready.read_text())["children"]["dispatcher-0"]["metrics_port"]
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    except (OSError, KeyError, ValueError):
+        return None
+    found = {}
+    for line in text.decode().splitlines():
+        name, _, value = line.partition(" ")
+        if name in (
+            "switchyard_dispatcher_replies_total",
+            "switchyard_dispatcher_reply_messages_total",
+        ):
+            found[name] = float(value)
+    if len(found) != 2:
+        return None
+    return found["switchyard_dispatcher_replies_total"], found[
+        "switchyard_dispatcher_reply_messages_total"
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--concurrency", type=int, default=64)
@@ -114,6 +139,12 @@ def main() -> None:
         help="extra flag for `switchyard up` (repeat; e.g. --up-arg=--preprocessors=2)",
     )
     parser.add_argument("--idle", action="store_true", help="include idle (waiting) samples")
+    parser.add_argument(
+        "--native", action="store_true", help="py-spy --native: C/Cython frames too (slower)"
+    )
+    parser.add_argument(
+        "--only", default="", help="comma-separated services to attach py-spy to (default all)"
+    )
     parser.add_argument(
         "--no-spy", action="store_true", help="only measure CPU per request (no py-spy attached)"
     )
@@ -152,12 +183,19 @@ def main() -> None:
                 asyncio.run(load(min(256, args.requests), "warm"))
                 ttfts.clear()
                 spies = {}
+                only = set(args.only.split(",")) if args.only else set(SERVICES)
                 for name, pid in pids.items() if not args.no_spy else ():
+                    if name not in only:
+                        continue
                     raw = args.out / f"{name}.txt"
                     argv = [spy, "record", "--pid", str(pid), "--rate", str(args.rate)]
-                    argv += ["--format", "raw", "--output", str(raw), "--nonblocking"]
+                    argv += ["--format", "raw", "--output", str(raw)]
+                    if not args.native:  # py-spy cannot read native stacks without pausing
+                        argv.append("--nonblocking")
                     if args.idle:
                         argv.append("--idle")
+                    if args.native:
+                        argv.append("--native")
                     spies[name] = (subprocess.Popen(argv, stdout=subprocess.DEVNULL), raw)
                 time.sleep(1.0)  # py-spy attaches
                 groups = {"stack": [up.pid]} | {
@@ -166,8 +204,11 @@ def main() -> None:
                 meter = CpuMeter(groups)
                 before = meter.snapshot()
                 threads_before = {name: thread_cpu(pid) for name, pid in pids.items()}
+                ready = procs.log_dir / "switchyard.json"
+                batching_before = dispatcher_batching(ready)
                 wall = asyncio.run(load(args.requests, "run"))
                 cpu = meter.diff(before, meter.snapshot())
+                batching_after = dispatcher_batching(ready)
                 threads = {
                     name: {
                         thread: spent - threads_before[name].get(thread, 0.0)
@@ -193,6 +234,14 @@ def main() -> None:
           + "), engines " + ", ".join(
               f"{sum(cpu[f'engine-{i}'].values()) * per_k:.2f}" for i in range(len(engines))
           ))  # fmt: skip
+    if batching_before is not None and batching_after is not None:
+        replies = batching_after[0] - batching_before[0]
+        messages = batching_after[1] - batching_before[1]
+        print(
+            f"dispatcher replies per ZMQ message: {replies / max(messages, 1):.2f} "
+            f"({replies / args.requests:.1f} replies, {messages / args.requests:.1f} messages "
+            "per request)"
+        )
     for name, spent in threads.items():
         print(
             f"  {name} threads: "

@@ -154,11 +154,14 @@ class Processes:
         self.logs[proc.pid] = log
         return proc
 
-    def start_switchyard(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+    def start_switchyard(
+        self, name: str, *args: str, python: str | None = None
+    ) -> subprocess.Popen[bytes]:
         log = self.log_dir / f"{name}.log"
         with log.open("wb") as out:
             proc = switchyard(
                 *args,
+                python=python,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
