@@ -124,6 +124,7 @@ def child_main(argv: list[str]) -> None:
 # --- the parent ----------------------------------------------------------------------------
 
 VARIANTS = ("tcp", "ipc", "tcp-ref")
+DEFAULT_VARIANTS = ("tcp", "ipc")  # tcp-ref on request (it needs --ref-python)
 
 
 class _Run:
@@ -201,7 +202,7 @@ def run(args: argparse.Namespace, progress: Callable[[str], None]) -> tuple[list
     from switchyard.common.ports import free_port
 
     quick = args.quick
-    variants = (args.variants or ",".join(VARIANTS)).split(",")
+    variants = (args.variants or ",".join(DEFAULT_VARIANTS)).split(",")
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"unknown stack variants: {unknown}; known: {list(VARIANTS)}")
