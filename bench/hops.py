@@ -194,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default=None, help="comma-separated (one section only)")
     parser.add_argument("--tokens", default=None, help="comma-separated replies per stream")
     parser.add_argument("--seconds", type=float, default=None, help="length of each measured run")
+    parser.add_argument(
+        "--busy-us", type=float, default=0.0, help="route: the client's loop's other work (us)"
+    )
     parser.add_argument("--out-dir", type=Path, default=HERE / "results")
     parser.add_argument(
         "--ref-python",

@@ -8,10 +8,18 @@ pause between them (the stream). The client measures its own CPU (getrusage) and
 router's from /proc, both over the measured window; latency is route()'s round trip.
 
 Variants (each with `switchyard router`, kv policy):
-  batched          today: tcp://127.0.0.1:P; what the client has for the router in one loop
-                   iteration goes as one message (a list), answered by one list
-  one-per-message  the client as it was before: every message sent at once, on its own
-  batched-ipc      today's client and router on an ipc:// endpoint
+  now              today: tcp://127.0.0.1:P; the first route request of a loop iteration goes
+                   at once (with the notices queued before it), the rest of what the client
+                   has for the router in that iteration on the next one as one message (a
+                   list), answered by one list
+  batched          the client before: everything, the first route request too, on the next
+                   loop iteration as one message
+  one-per-message  the client before that: every message sent at once, on its own
+  now-ipc          today's client and router on an ipc:// endpoint
+
+`--busy-us N` gives the client's loop other work: a task that holds it N us in every
+iteration, as a loaded preprocessor's other requests (their stages, their token batches) do;
+what waits for the next iteration waits for that too.
 """
 
 from __future__ import annotations
@@ -75,6 +83,31 @@ def _one_per_message_client(endpoints: list[str]) -> Any:
     return rc.RouterClient(endpoints, dict)
 
 
+def _batched_client(endpoints: list[str]) -> Any:
+    """A RouterClient whose DEALERs send everything on the next loop iteration, the first
+    route request too (the client before route requests went at once)."""
+    from switchyard.preprocessor import router_client as rc
+
+    class Batched(rc._Router):
+        def send_now(self, message: Any) -> None:
+            self._queued.append(message)
+            if not self._tick_pending:
+                self._tick_pending = True
+                asyncio.get_running_loop().call_soon(self._tick)
+
+    rc._Router = Batched  # type: ignore[misc]  # this child process only
+    return rc.RouterClient(endpoints, dict)
+
+
+async def _hold_the_loop(busy_us: float) -> None:
+    """Hold the loop `busy_us` in every iteration (a loaded preprocessor's other work)."""
+    while True:
+        end = time.perf_counter() + busy_us / 1e6
+        while time.perf_counter() < end:
+            pass
+        await asyncio.sleep(0)
+
+
 # --- the client child ----------------------------------------------------------------------
 
 
@@ -82,8 +115,10 @@ async def _drive(args: argparse.Namespace) -> dict[str, Any]:
     from switchyard.preprocessor.router_client import FALLBACK_POLICY, RouterClient
     from switchyard.protos.messages import STAGE_FINISHED, STAGE_FIRST_TOKEN
 
-    if args.one_per_message:
+    if args.client == "one-per-message":
         client = _one_per_message_client([args.endpoint])
+    elif args.client == "batched":
+        client = _batched_client([args.endpoint])
     else:
         client = RouterClient([args.endpoint], dict)
     client.start()
@@ -133,11 +168,14 @@ async def _drive(args: argparse.Namespace) -> dict[str, Any]:
     from hops import wait_go
 
     await wait_go()
+    busy = asyncio.create_task(_hold_the_loop(args.busy_us)) if args.busy_us > 0 else None
     router0 = proc_usage(args.router_pid)
     (cpu0, sleeps0), wall0 = usage(), time.perf_counter()
     await asyncio.gather(*(worker(0, wall0 + args.seconds) for _ in range(args.concurrency)))
     (cpu1, sleeps1), wall = usage(), time.perf_counter() - wall0
     router1 = proc_usage(args.router_pid)
+    if busy is not None:
+        busy.cancel()
     await client.close()
     latencies.sort()
     return {
@@ -157,7 +195,8 @@ def child_main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--router-pid", type=int, required=True)
-    parser.add_argument("--one-per-message", action="store_true")
+    parser.add_argument("--client", choices=("now", "batched", "one-per-message"), default="now")
+    parser.add_argument("--busy-us", type=float, default=0.0)
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--prompt-tokens", type=int, default=256)
@@ -170,24 +209,27 @@ def child_main(argv: list[str]) -> None:
 
 # --- the parent ----------------------------------------------------------------------------
 
-VARIANTS = {
-    "batched": ("tcp", False),
-    "one-per-message": ("tcp", True),
-    "batched-ipc": ("ipc", False),
+VARIANTS = {  # transport, client
+    "now": ("tcp", "now"),
+    "batched": ("tcp", "batched"),
+    "one-per-message": ("tcp", "one-per-message"),
+    "now-ipc": ("ipc", "now"),
 }
-DEFAULT_VARIANTS = "batched,one-per-message,batched-ipc"
-QUICK_VARIANTS = "batched,one-per-message"
+DEFAULT_VARIANTS = "now,batched,one-per-message,now-ipc"
+QUICK_VARIANTS = "now,batched"
 
 
 class _Run:
     """A router process for the variant, then a client child (a ChildJob) against it."""
 
-    def __init__(self, variant: str, ctx: dict[str, Any], concurrency: int, seconds: float) -> None:
+    def __init__(
+        self, variant: str, ctx: dict[str, Any], concurrency: int, seconds: float, busy_us: float
+    ) -> None:
         from hops import ChildJob
 
         from switchyard.common.ports import free_port
 
-        transport, one_per_message = VARIANTS[variant]
+        transport, client = VARIANTS[variant]
         procs = ctx["procs"]
         self.procs = procs
         if transport == "tcp":
@@ -200,7 +242,7 @@ class _Run:
         self.router = procs.start_switchyard(name, "router", *flags)
         argv = ["hops_route.py", "--endpoint", endpoint, "--router-pid", str(self.router.pid)]
         argv += ["--concurrency", str(concurrency), "--seconds", str(seconds)]
-        self.client = ChildJob(argv + (["--one-per-message"] if one_per_message else []))
+        self.client = ChildJob(argv + ["--client", client, "--busy-us", str(busy_us)])
         self.warmed = self.client.warmed
         self.go = self.client.go
 
@@ -268,7 +310,7 @@ def run(args: argparse.Namespace, progress: Callable[[str], None]) -> tuple[list
                 )  # fmt: skip
 
                 def launch(variant: str, c: int = concurrency) -> _Run:
-                    return _Run(variant, ctx, c, seconds)
+                    return _Run(variant, ctx, c, seconds, args.busy_us)
 
                 comparisons.append(run_pairs(comparison, variants, rounds, launch, progress))
         finally:
@@ -276,7 +318,8 @@ def run(args: argparse.Namespace, progress: Callable[[str], None]) -> tuple[list
     notes = [
         "Per routed request: route(), its reply, and the two progress notices (first token, "
         "finished), 256-token prompts, kv policy over two mock engines (no KV events). CPU "
-        "of the client process (getrusage) + the router process (/proc, 10 ms ticks).",
+        "of the client process (getrusage) + the router process (/proc, 10 ms ticks). "
+        f"The client's loop's other work: {args.busy_us:g} us per iteration (--busy-us).",
         "",
     ]
     return comparisons, notes

@@ -13,6 +13,10 @@ tokenize turn by turn (issue 13).
 
     python bench/stages.py            # both parts
     python bench/stages.py --quick    # tiny, for a smoke test
+    python bench/stages.py --concurrency 1,32 --no-conversation   # two load points, part 1
+
+The stack is this interpreter's switchyard: run the script with another checkout's venv
+python (e.g. /work/main/.venv/bin/python bench/stages.py) to measure that checkout's code.
 
 Results: bench/results/stages.md.
 """
@@ -38,20 +42,65 @@ from switchyard.preprocessor.tokenizer import TokenizerBundle, default_tokenizer
 
 HERE = Path(__file__).resolve().parent
 _SERIES = re.compile(r'^switchyard_preprocessor_stage_seconds_(sum|count)\{stage="(\w+)"\} (\S+)$')
+_BUCKET = re.compile(
+    r'^switchyard_preprocessor_stage_seconds_bucket\{le="([^"]+)",stage="(\w+)"\} (\S+)$'
+)
+# The stage whose wall time is also given as percentiles (from the histogram's buckets).
+WALL_STAGE = "route"
 
 
 def stage_sums(base: str) -> dict[str, tuple[float, float]]:
     """stage -> (seconds, observations) from the preprocessor's /metrics."""
+    return _scrape(base)[0]
+
+
+def _scrape(
+    base: str,
+) -> tuple[dict[str, tuple[float, float]], dict[str, list[tuple[float, float]]]]:
+    """(stage -> (seconds, observations), stage -> cumulative buckets [(le, count)])."""
     out: dict[str, list[float]] = {}
+    buckets: dict[str, list[tuple[float, float]]] = {}
     for line in httpx.get(base + "/metrics", timeout=10).text.splitlines():
         match = _SERIES.match(line)
         if match:
             kind, stage, value = match.groups()
             out.setdefault(stage, [0.0, 0.0])[0 if kind == "sum" else 1] = float(value)
-    return {stage: (v[0], v[1]) for stage, v in out.items()}
+            continue
+        match = _BUCKET.match(line)
+        if match:
+            le, stage, count = match.groups()
+            buckets.setdefault(stage, []).append((float(le), float(count)))
+    sums = {stage: (v[0], v[1]) for stage, v in out.items()}
+    return sums, {stage: sorted(b) for stage, b in buckets.items()}
 
 
-async def load_run(base: str, stream: bool, n: int, concurrency: int, tokens: int) -> None:
+def bucket_quantile(
+    before: list[tuple[float, float]], after: list[tuple[float, float]], q: float
+) -> float:
+    """The q-quantile of the observations between two scrapes of one histogram series,
+    interpolated linearly inside its bucket (Prometheus' histogram_quantile)."""
+    counts = dict(before)
+    cumulative = [(le, n - counts.get(le, 0.0)) for le, n in after]
+    total = cumulative[-1][1] if cumulative else 0.0
+    if total <= 0:
+        return float("nan")
+    rank, lower, below = q * total, 0.0, 0.0
+    for le, n in cumulative:
+        if n >= rank:
+            if le == float("inf"):
+                return lower
+            return lower + (le - lower) * (rank - below) / max(n - below, 1e-12)
+        lower, below = le, n
+    return lower
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+async def load_run(base: str, stream: bool, n: int, concurrency: int, tokens: int) -> list[float]:
+    """The TTFTs (seconds) of a closed-loop run."""
     target = HttpTarget("switchyard", base, MODEL, tokens, stream=stream)
     await target.open()
     try:
@@ -62,6 +111,14 @@ async def load_run(base: str, stream: bool, n: int, concurrency: int, tokens: in
     bad = [s for s in samples if not s.ok]
     if bad:
         raise RuntimeError(f"{len(bad)} failed requests, e.g. {bad[0].error}")
+    return [s.ttft for s in samples]
+
+
+def requests_at(args: argparse.Namespace, concurrency: int) -> int:
+    """`--requests` at the highest concurrency; lower ones run proportionally fewer (at least
+    150), so each run takes about as long."""
+    top = max(args.concurrencies)
+    return max(min(args.requests, 150), args.requests * concurrency // top)
 
 
 def stage_table(args: argparse.Namespace) -> list[str]:
@@ -71,9 +128,12 @@ def stage_table(args: argparse.Namespace) -> list[str]:
         "## Per-stage time in the preprocessor (`--stage-timing`)",
         "",
         f"2 mock engines (TTFT 20 ms, ITL 5 ms), {args.tokens} output tokens, closed loop at "
-        f"concurrency {args.concurrency}, {args.requests} requests per run. us/request; "
-        "`stream` = detokenize + stop strings + framing of every batch of replies, `write` = "
-        "handing the frames to uvicorn; route waits for the router process (wall time).",
+        f"concurrency {', '.join(map(str, args.concurrencies))} "
+        f"({', '.join(str(requests_at(args, c)) for c in args.concurrencies)} requests per "
+        "run). us/request (mean); `stream` = detokenize + stop strings + framing of every "
+        "batch of replies, `write` = handing the frames to uvicorn; route waits for the router "
+        "process (wall time), its p50/p99 interpolated in the stage histogram's buckets; TTFT "
+        "as the client sees it.",
         "",
     ]
     try:
@@ -82,28 +142,44 @@ def stage_table(args: argparse.Namespace) -> list[str]:
         extra = ["--preprocessor-arg=--stage-timing"]
         with switchyard_stack(procs, "switchyard", kv_urls, "kv", extra) as (base, proc):
             meter = CpuMeter({"frontend": [proc.pid]})
-            asyncio.run(load_run(base, True, min(64, args.requests), args.concurrency, 8))
-            header = "| run | " + " | ".join(STAGES) + " | stages total | preprocessor CPU |"
-            lines += [header, "|" + "---|" * (len(STAGES) + 3)]
-            for stream in (True, False):
-                before, cpu0 = stage_sums(base), meter.snapshot()
-                asyncio.run(load_run(base, stream, args.requests, args.concurrency, args.tokens))
-                after, cpu1 = stage_sums(base), meter.snapshot()
-                per_process = meter.diff(cpu0, cpu1)["frontend"]
-                pre_cpu = sum(v for k, v in per_process.items() if k.startswith("preprocessor"))
-                cells, total = [], 0.0
-                for stage in STAGES:
-                    spent = after.get(stage, (0, 0))[0] - before.get(stage, (0, 0))[0]
-                    total += spent
-                    cells.append(f"{spent / args.requests * 1e6:.0f}")
-                lines.append(
-                    f"| {'streamed' if stream else 'whole'} | " + " | ".join(cells) + " | "
-                    f"{total / args.requests * 1e6:.0f} | "
-                    f"{pre_cpu / args.requests * 1e6:.0f} |"
-                )
-            lines += ["", "CPU per request of each process (us):", ""]
-            for name, seconds in sorted(per_process.items()):
-                lines.append(f"- {name}: {seconds / args.requests * 1e6:.0f}")
+            asyncio.run(load_run(base, True, min(64, args.requests), max(args.concurrencies), 8))
+            header = (
+                "| run | c | " + " | ".join(STAGES) + " | stages total | preprocessor CPU | "
+                f"{WALL_STAGE} p50 | {WALL_STAGE} p99 | TTFT p50 ms | TTFT p99 ms |"
+            )
+            lines += [header, "|" + "---|" * (len(STAGES) + 9)]
+            cpu_lines: list[str] = []
+            for concurrency in args.concurrencies:
+                n = requests_at(args, concurrency)
+                for stream in (True, False):
+                    (before, hist0), cpu0 = _scrape(base), meter.snapshot()
+                    ttfts = asyncio.run(load_run(base, stream, n, concurrency, args.tokens))
+                    (after, hist1), cpu1 = _scrape(base), meter.snapshot()
+                    per_process = meter.diff(cpu0, cpu1)["frontend"]
+                    pre_cpu = sum(v for k, v in per_process.items() if k.startswith("preprocessor"))
+                    cells, total = [], 0.0
+                    for stage in STAGES:
+                        spent = after.get(stage, (0, 0))[0] - before.get(stage, (0, 0))[0]
+                        total += spent
+                        cells.append(f"{spent / n * 1e6:.0f}")
+                    wall0, wall1 = hist0.get(WALL_STAGE, []), hist1.get(WALL_STAGE, [])
+                    lines.append(
+                        f"| {'streamed' if stream else 'whole'} | {concurrency} | "
+                        + " | ".join(cells)
+                        + f" | {total / n * 1e6:.0f} | {pre_cpu / n * 1e6:.0f} | "
+                        f"{bucket_quantile(wall0, wall1, 0.5) * 1e6:.0f} | "
+                        f"{bucket_quantile(wall0, wall1, 0.99) * 1e6:.0f} | "
+                        f"{pct(ttfts, 0.5) * 1e3:.1f} | {pct(ttfts, 0.99) * 1e3:.1f} |"
+                    )
+                    if stream:
+                        cpu_lines.append(
+                            f"- c={concurrency}, streamed: "
+                            + ", ".join(
+                                f"{name} {seconds / n * 1e6:.0f}"
+                                for name, seconds in sorted(per_process.items())
+                            )
+                        )
+            lines += ["", "CPU per request of each process (us):", "", *cpu_lines]
     finally:
         procs.stop_all()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -159,15 +235,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--requests", type=int, default=1000)
-    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument(
+        "--concurrency", default="32", help="comma-separated load points (e.g. 1,32)"
+    )
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--conversation-tokens", type=int, default=32_000)
     parser.add_argument("--out-dir", type=Path, default=HERE / "results")
+    parser.add_argument(
+        "--no-conversation", action="store_true", help="the stage table only (no part 2)"
+    )
     args = parser.parse_args(argv)
+    args.concurrencies = [int(c) for c in str(args.concurrency).split(",")]
     if args.quick:
         args.requests, args.conversation_tokens = 40, 3000
     lines = ["# Stages and multi-turn tokenization", ""]
-    lines += stage_table(args) + [""] + conversation_table(args)
+    lines += stage_table(args)
+    if not args.no_conversation:
+        lines += [""] + conversation_table(args)
     text = "\n".join(lines) + "\n"
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "stages.md").write_text(text)

@@ -111,6 +111,7 @@ def test_stages_bench_quick(tmp_path: Path) -> None:
         cells = dict(zip(columns, (c.strip() for c in row.strip("|").split("|")), strict=True))
         for stage in ("parse", "template", "tokenize"):
             assert float(cells[stage]) > 0, row  # the stages were timed
+        assert float(cells["route p50"]) > 0 and float(cells["TTFT p50 ms"]) > 0, row
     assert "| cached segments |" in table and "| full encode |" in table
 
 

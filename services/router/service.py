@@ -1,6 +1,6 @@
 """The router process: follows fleet, ingests the engines' KV events, polls their load,
 answers RouteRequest on a ZMQ ROUTER socket, inline in the socket's read callback (no task or
-queue per request)."""
+queue per request); a decision's metrics are recorded after its answer went out."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import zmq
 import zmq.asyncio
@@ -38,6 +39,16 @@ from switchyard.router.types import Needs, WorkerKey
 log = logging.getLogger(__name__)
 
 _SILENCE_CHECK_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Decided:
+    """A route decision whose metrics are recorded once its answer went out."""
+
+    request: RouteRequest
+    response: RouteResponse
+    now: float  # the clock the decision was made at
+    seconds: float  # how long the decision took (the latency histogram)
 
 
 class RouterService:
@@ -176,46 +187,55 @@ class RouterService:
 
     def _on_message(self, frames: list[bytes]) -> None:
         """One message is one request, or a list of them (all a preprocessor had in one loop
-        iteration): a list is answered by one list of its route responses, in order."""
+        iteration): a list is answered by one list of its route responses, in order. The
+        answer goes out before the decisions' metrics are recorded (`_account`): the asker
+        waits on the answer, not on them."""
         routed = decode_routed(frames, codec.router_request, "router request")
         if routed is None:
             return
         identity, message = routed
         if type(message) is list:
-            replies = [r for r in map(self._handle, message) if r is not None]
-            if replies:
-                self._reply(identity, replies)
+            decided = [d for d in map(self._handle, message) if d is not None]
+            if decided:
+                self._reply(identity, [d.response for d in decided])
+                for d in decided:
+                    self._account(d)
         else:
-            reply = self._handle(message)
-            if reply is not None:
-                self._reply(identity, reply)
+            one = self._handle(message)
+            if one is not None:
+                self._reply(identity, one.response)
+                self._account(one)
 
-    def _handle(self, message: RouterRequest) -> RouteResponse | None:
+    def _handle(self, message: RouterRequest) -> _Decided | None:
         core = self.core
         if isinstance(message, RouteRequest):
-            metrics = self.metrics
             started = time.perf_counter()
             now = self.clock()
-            decision = core.route(message, now)
-            metrics.latency.observe(time.perf_counter() - started)
-            reply = decision.response
-            if reply.instance_id is not None and not message.dry_run:
-                metrics.decisions.labels(core.mode, message.model).inc()
-                instance = self.fleet.instances.get(reply.instance_id)
-                if instance is not None:
-                    metrics.routed.labels(instance.model, instance.url).inc()
-                if reply.prompt_blocks:
-                    metrics.hit_ratio.observe(reply.overlap_blocks / reply.prompt_blocks)
-                if reply.predicted_ttft_ms:
-                    metrics.predicted_ttft.observe(reply.predicted_ttft_ms / 1e3)
-                if self.ingestor is not None:
-                    self.ingestor.note_routed(reply.instance_id, now)
-            return reply
+            response = core.route(message, now).response
+            return _Decided(message, response, now, time.perf_counter() - started)
         if isinstance(message, RouteProgress):
             core.progress(message, self.clock())
         elif isinstance(message, InstanceBusy):
             core.mark_busy(message.instance_id, self.clock() + message.seconds)
         return None
+
+    def _account(self, decided: _Decided) -> None:
+        """A decision's metrics and the KV ingestor's note of it, after its answer went."""
+        metrics = self.metrics
+        metrics.latency.observe(decided.seconds)
+        reply, message = decided.response, decided.request
+        if reply.instance_id is None or message.dry_run:
+            return
+        metrics.decisions.labels(self.core.mode, message.model).inc()
+        instance = self.fleet.instances.get(reply.instance_id)
+        if instance is not None:
+            metrics.routed.labels(instance.model, instance.url).inc()
+        if reply.prompt_blocks:
+            metrics.hit_ratio.observe(reply.overlap_blocks / reply.prompt_blocks)
+        if reply.predicted_ttft_ms:
+            metrics.predicted_ttft.observe(reply.predicted_ttft_ms / 1e3)
+        if self.ingestor is not None:
+            self.ingestor.note_routed(reply.instance_id, decided.now)
 
     def _reply(self, identity: bytes, reply: RouteResponse | list[RouteResponse]) -> None:
         assert self._sock is not None

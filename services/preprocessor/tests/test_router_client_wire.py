@@ -71,19 +71,36 @@ async def wired(tmp_path):
 
 
 class TestBatching:
-    async def test_requests_of_one_loop_iteration_travel_as_one_list(self, wired):
+    async def test_the_first_request_of_an_iteration_goes_at_once_the_rest_as_one_list(self, wired):
+        """The first route request waited for the next loop iteration too (issue 13: under
+        load, for everything else the loop had to do first); the rest still go as one list."""
         client, router = wired
-        replies = await asyncio.gather(*(client.route(req(rid), 5.0) for rid in "abc"))
-        assert [r.request_id for r in replies] == ["a", "b", "c"]
+        replies = await asyncio.gather(*(client.route(req(rid), 5.0) for rid in "abcd"))
+        assert [r.request_id for r in replies] == ["a", "b", "c", "d"]
         assert all(r.instance_id == 7 for r in replies)
-        assert len(router.messages) == 1
-        assert [m.request_id for m in router.messages[0]] == ["a", "b", "c"]
+        assert router.messages[0] == req("a")
+        assert [m.request_id for m in router.messages[1]] == ["b", "c", "d"]
+        assert len(router.messages) == 2
+
+    async def test_a_request_is_sent_before_the_loop_runs_anything_else(self, wired):
+        client, router = wired
+        task = asyncio.create_task(client.route(req("now"), 5.0))
+        await asyncio.sleep(0)  # the task runs up to its wait for the reply
+        assert not client._routers[0]._queued  # already handed to the socket, not held back
+        assert (await task).request_id == "now"
+        assert router.messages == [req("now")]
 
     async def test_a_lone_request_goes_as_itself(self, wired):
         client, router = wired
         reply = await client.route(req("solo"), 5.0)
         assert reply.request_id == "solo" and reply.instance_id == 7
         assert router.messages == [req("solo")]
+
+    async def test_the_next_iteration_sends_its_first_request_at_once_again(self, wired):
+        client, router = wired
+        await client.route(req("a"), 5.0)
+        await client.route(req("b"), 5.0)
+        assert router.messages == [req("a"), req("b")]
 
     async def test_notices_join_the_list_in_the_order_they_were_made(self, wired):
         client, router = wired
@@ -101,3 +118,11 @@ class TestBatching:
             InstanceBusy(3, 1.0),
             RouteProgress("a", 7, STAGE_FINISHED),
         ]
+
+    async def test_notices_queued_before_a_request_go_with_it_first(self, wired):
+        client, router = wired
+        await client.route(req("a"), 5.0)
+        await client.progress("a", 7, STAGE_FIRST_TOKEN, final=False)  # queued
+        reply = await client.route(req("b"), 5.0)  # goes at once, the notice ahead of it
+        assert reply.request_id == "b"
+        assert router.messages[1] == [RouteProgress("a", 7, STAGE_FIRST_TOKEN), req("b")]

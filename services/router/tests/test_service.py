@@ -101,3 +101,38 @@ class TestWire:
         await dealer.send(codec.encode(req("after")))
         reply = await answer(dealer)
         assert reply.request_id == "after"
+
+
+def sample(service: RouterService, name: str, **labels: str) -> float:
+    value = service.metrics.registry.get_sample_value(name, labels or None)
+    return 0.0 if value is None else value
+
+
+class TestAnswerFirst:
+    """A decision's answer goes out before its metrics are recorded (issue 13: the asker
+    waited on the metrics' prometheus calls too); the metrics themselves are unchanged."""
+
+    async def test_the_answer_of_a_list_goes_before_any_of_its_metrics(self, wired):
+        service, dealer = wired
+        order: list[object] = []
+        sock = service._sock
+        assert sock is not None
+        send, account = sock.send_multipart, service._account
+        sock.send_multipart = lambda frames: (order.append("sent"), send(frames))[1]  # type: ignore[method-assign]
+        service._account = lambda d: (order.append(d.request.request_id), account(d))[1]  # type: ignore[method-assign]
+        await dealer.send(codec.encode([req("a"), RouteProgress("x", 1, STAGE_FINISHED), req("b")]))
+        assert [r.request_id for r in await answer(dealer)] == ["a", "b"]
+        await dealer.send(codec.encode(req("c")))
+        assert (await answer(dealer)).request_id == "c"
+        assert order == ["sent", "a", "b", "sent", "c"]
+
+    async def test_the_metrics_of_each_decision_are_recorded(self, wired):
+        service, dealer = wired
+        await dealer.send(codec.encode([req("a"), req("b")]))
+        await answer(dealer)
+        dry = RouteRequest(request_id="d", model="m", token_ids=[1, 2, 3], dry_run=True)
+        await dealer.send(codec.encode(dry))
+        await answer(dealer)
+        mode = service.core.mode
+        assert sample(service, "switchyard_router_decisions_total", mode=mode, model="m") == 2
+        assert sample(service, "switchyard_router_decision_seconds_count") == 3  # dry run too
