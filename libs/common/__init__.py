@@ -2,5 +2,6 @@
 
 Layout: instance_id, errors, instance_diff, workers, block_hash, engines/ (the engine gRPC
 adapters), messaging, fleet_client, ports, endpoints, runner, healthcheck; settings (flags,
-SWITCHYARD_<FLAG>, the --config file), logs (--log-format), metrics, loop_histogram.
+SWITCHYARD_<FLAG>, the --config file), logs (--log-format), metrics, loop_histogram; heap
+(the start-up heap, frozen).
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from switchyard.common import endpoints
+from switchyard.common import endpoints, heap
 from switchyard.common.engines.tls import add_engine_tls_arguments, engine_tls_from_args
 from switchyard.common.logs import add_logging_arguments, setup_logging
 from switchyard.common.metrics import add_metrics_arguments, serve_metrics
@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         def bound(endpoint: str) -> None:
             logs.instance = endpoint
             write_ready_file(args.ready_file, {"bind": endpoint, "metrics_port": metrics_port})
+            heap.settle()  # the start-up heap, out of full collections
 
         await service.run(stop, ports=args.port_range, on_bound=bound)
 

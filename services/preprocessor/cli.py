@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import uvicorn
 
-from switchyard.common import endpoints
+from switchyard.common import endpoints, heap
 from switchyard.common.engines.tls import add_engine_tls_arguments, engine_tls_from_args
 from switchyard.common.logs import add_logging_arguments, setup_logging
 from switchyard.common.metrics import add_metrics_arguments, serve_metrics
@@ -413,6 +413,7 @@ def run(args: argparse.Namespace) -> int:
     write_ready_file(
         args.ready_file, {"port": port, "metrics_port": metrics_port, "admin_port": admin_port}
     )
+    heap.settle()  # imports and the app, out of full collections (tokenizers: when loaded)
     server.run(sockets=sockets)
     return 0
 

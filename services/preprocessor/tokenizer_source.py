@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
+from switchyard.common import heap
 from switchyard.common.engines.connect import client_for
 from switchyard.common.engines.tls import EngineTls
 from switchyard.common.errors import EngineError
@@ -132,6 +133,7 @@ class ModelTokenizers:
                 return
             log.info("tokenizer of model %r loaded from %s", model, folder)
         self._bundles[model] = bundle
+        heap.settle()  # the tokenizer lives as long as the process: out of full collections
 
     async def _load_dir(self, folder: Path) -> TokenizerBundle:
         task = self._from_dir.get(folder)

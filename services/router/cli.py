@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import logging
 
-from switchyard.common import endpoints
+from switchyard.common import endpoints, heap
 from switchyard.common.engines.tls import add_engine_tls_arguments, engine_tls_from_args
 from switchyard.common.logs import add_logging_arguments, setup_logging
 from switchyard.common.metrics import add_metrics_arguments, serve_metrics
@@ -209,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
             if service.kv_listen_endpoint is not None:  # --kv-events-bind / --kv-events-proxy
                 report["kv_events_listen"] = service.kv_listen_endpoint
             write_ready_file(args.ready_file, report)
+            heap.settle()  # the start-up heap, out of full collections
 
         await service.run(stop, ports=args.port_range, on_bound=bound)
 

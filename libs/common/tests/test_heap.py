@@ -1,0 +1,27 @@
+"""The settled heap: garbage is collected first, what lives on leaves the generations."""
+
+import gc
+import weakref
+
+from switchyard.common.heap import settle
+
+
+class _Node:
+    pass
+
+
+class TestSettle:
+    def test_garbage_collected_and_the_living_frozen(self):
+        gc.unfreeze()
+        try:
+            node = _Node()
+            node.me = node  # a cycle: only a collection frees it
+            dead = weakref.ref(node)
+            del node
+            kept = [_Node() for _ in range(1000)]
+            settle()
+            assert dead() is None  # collected, not frozen with the rest
+            assert gc.get_freeze_count() >= len(kept)
+            assert gc.get_count()[2] == 0  # nothing left in the oldest generation
+        finally:
+            gc.unfreeze()
