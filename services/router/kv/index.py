@@ -201,7 +201,7 @@ class KvIndex:
         # A prompt's lazily hashed blocks (router.prompt_hashes.PromptBlocks) are hashed only
         # as deep as some worker still matches, a chunk at a time.
         upto = getattr(hashes, "upto", None)
-        known: Sequence[int] = hashes if upto is None else upto(_CHUNK)
+        known: Sequence[int] = hashes if upto is None else upto(1)  # a cold prompt: one
         depth = 0
         while True:
             for h in known[depth:] if depth else known:
