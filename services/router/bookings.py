@@ -38,7 +38,9 @@ def common_prefix(a: bytes, b: bytes, unit: int = 8) -> int:
     view = memoryview(b)
     while low < high:
         mid = (low + high + 1) // 2
-        if a.startswith(view[: mid * unit]):  # memcmp, no copy
+        # memcmp of the units not known equal yet only (no copy): the search compares
+        # about the common prefix once, not once per probe
+        if a.startswith(view[low * unit : mid * unit], low * unit):
             low = mid
         else:
             high = mid - 1

@@ -126,7 +126,8 @@ class PromptHashes:
         low, high = 1, min(n, m)  # low blocks known equal; find the largest equal prefix
         while low < high:
             mid = (low + high + 1) // 2
-            if a.startswith(b[: mid * step]):  # memcmp, no copy
+            # memcmp of the blocks not known equal yet only (no copy)
+            if a.startswith(b[low * step : mid * step], low * step):
                 low = mid
             else:
                 high = mid - 1
