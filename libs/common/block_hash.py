@@ -49,8 +49,16 @@ def full_block_bytes(token_ids: Sequence[int], block_size: int) -> tuple[bytes, 
     if n == 0:
         return b"", 0
     full = n * block_size
+    tokens = token_ids if len(token_ids) == full else token_ids[:full]
     try:
-        data = array("I", token_ids if len(token_ids) == full else token_ids[:full]).tobytes()
+        if type(tokens) is list:
+            # fromlist reads the list's items directly: about a third fewer instructions per
+            # token than array("I", list), which goes through the sequence protocol per item.
+            packed = array("I")
+            packed.fromlist(tokens)
+        else:
+            packed = array("I", tokens)
+        data = packed.tobytes()
     except OverflowError as exc:
         raise ValueError("token ids must fit in an unsigned 32-bit int") from exc
     if _BIG_ENDIAN_HOST:  # pragma: no cover - the wire order is little-endian everywhere

@@ -7,12 +7,16 @@ before that prefill ends see the booking (and, in the time model, the prefill th
 for there), so a burst does not prefill the same prefix on every engine. A booking expires
 after `ttl` seconds; by then the engine's own events have told the index.
 
-Layout, for a cheap hot path: a booking is the prompt's hashes packed as bytes (8 per block),
-filed under its first block's hash and its worker; booking costs one packing, whatever is
-already booked. A lookup compares the request's packed hashes with the few bookings filed
-under its first block (a binary search of memcmp prefix tests). Per (first block, worker)
-only the `per_worker` most recent bookings are kept, and a booking that extends an older one
-(a conversation's next turn) replaces it. Expiry is one queue in booking order (one TTL).
+Layout, for a cheap hot path: a booking is a byte string with one fixed-size unit per block,
+filed under its first block's hash, the unit size and its worker. The core books the
+prompt's token bytes themselves (`add_blocks`; two prompts share their first k chained block
+hashes exactly when they share their first k blocks of tokens), so booking needs no hash
+beyond the first and costs nothing but a reference to bytes the prompt's hashing already
+made; `add` books hashes packed 8 bytes per block. A lookup compares the request's bytes with
+the few bookings filed under its first block (a binary search of memcmp prefix tests). Per
+(first block, worker) only the `per_worker` most recent bookings are kept, and a booking that
+extends an older one (a conversation's next turn) replaces it. Expiry is one queue in booking
+order (one TTL).
 """
 
 from __future__ import annotations
@@ -28,13 +32,15 @@ def pack(hashes: Sequence[int]) -> bytes:
     return array("Q", hashes).tobytes()
 
 
-def common_prefix(a: bytes, b: bytes) -> int:
-    """How many leading hashes two packed hash strings share."""
-    low, high = 0, min(len(a), len(b)) // 8
+def common_prefix(a: bytes, b: bytes, unit: int = 8) -> int:
+    """How many leading units (8 bytes: packed hashes) two byte strings share."""
+    low, high = 0, min(len(a), len(b)) // unit
     view = memoryview(b)
     while low < high:
         mid = (low + high + 1) // 2
-        if a.startswith(view[: mid * 8]):  # memcmp, no copy
+        # memcmp of the units not known equal yet only (no copy): the search compares
+        # about the common prefix once, not once per probe
+        if a.startswith(view[low * unit : mid * unit], low * unit):
             low = mid
         else:
             high = mid - 1
@@ -49,40 +55,62 @@ class Bookings:
             raise ValueError(f"per_worker must be >= 1, got {per_worker}")
         self.ttl = ttl
         self.per_worker = per_worker
-        # first block hash -> worker -> [(packed hashes, expiry)], most recent first
-        self._filed: dict[int, dict[WorkerKey, list[tuple[bytes, float]]]] = {}
-        self._due: collections.deque[tuple[float, int, WorkerKey, bytes]] = collections.deque()
+        # (first block hash, unit) -> worker -> [(packed, expiry)], most recent first
+        self._filed: dict[tuple[int, int], dict[WorkerKey, list[tuple[bytes, float]]]] = {}
+        self._due: collections.deque[tuple[float, tuple[int, int], WorkerKey, bytes]] = (
+            collections.deque()
+        )
 
     def __bool__(self) -> bool:
         return bool(self._filed)
 
     def add(self, worker: WorkerKey, hashes: Sequence[int], now: float) -> None:
-        if not hashes or self.ttl == 0:
+        if hashes and self.ttl:
+            self.add_blocks(worker, hashes[0], pack(hashes), 8, now)
+
+    def add_blocks(
+        self, worker: WorkerKey, first: int, blocks: bytes, unit: int, now: float
+    ) -> None:
+        """Book a prompt given as `unit` bytes per block (its token bytes, or packed hashes),
+        `first` the hash of its first block."""
+        if not blocks or self.ttl == 0:
             return
         expiry = now + self.ttl
-        first = hashes[0]
-        packed = pack(hashes)
-        by_worker = self._filed.setdefault(first, {})
+        key = (first, unit)
+        by_worker = self._filed.setdefault(key, {})
         filed = by_worker.setdefault(worker, [])
         # Drop what this booking covers: an older prompt it extends, the same prompt again.
-        filed[:] = [(h, e) for h, e in filed if not packed.startswith(h)][: self.per_worker - 1]
-        filed.insert(0, (packed, expiry))
-        self._due.append((expiry, first, worker, packed))
+        filed[:] = [(h, e) for h, e in filed if not blocks.startswith(h)][: self.per_worker - 1]
+        filed.insert(0, (blocks, expiry))
+        self._due.append((expiry, key, worker, blocks))
 
     def overlaps(self, hashes: Sequence[int], now: float) -> dict[WorkerKey, int]:
         """worker -> leading blocks of `hashes` booked on it (absent when none)."""
+        if not hashes:
+            self.expire(now)
+            return {}
+        return self.overlaps_blocks(hashes[0], None, 8, now, hashes)
+
+    def overlaps_blocks(
+        self,
+        first: int,
+        blocks: bytes | None,
+        unit: int,
+        now: float,
+        hashes: Sequence[int] = (),
+    ) -> dict[WorkerKey, int]:
+        """worker -> leading blocks of a prompt (as in `add_blocks`; None: pack `hashes`)
+        booked on it (absent when none)."""
         self.expire(now)
         result: dict[WorkerKey, int] = {}
-        if not hashes:
-            return result
-        by_worker = self._filed.get(hashes[0])
+        by_worker = self._filed.get((first, unit))
         if not by_worker:
             return result
-        packed = pack(hashes)
+        packed = pack(hashes) if blocks is None else blocks
         for worker, filed in by_worker.items():
             best = 0
             for booked, _ in filed:
-                depth = common_prefix(packed, booked)
+                depth = common_prefix(packed, booked, unit)
                 if depth > best:
                     best = depth
             result[worker] = best
@@ -91,8 +119,8 @@ class Bookings:
     def expire(self, now: float) -> None:
         due = self._due
         while due and due[0][0] <= now:
-            expiry, first, worker, packed = due.popleft()
-            by_worker = self._filed.get(first)
+            expiry, key, worker, packed = due.popleft()
+            by_worker = self._filed.get(key)
             if by_worker is None:
                 continue
             filed = by_worker.get(worker)
@@ -102,7 +130,7 @@ class Bookings:
             if not filed:
                 del by_worker[worker]
                 if not by_worker:
-                    del self._filed[first]
+                    del self._filed[key]
 
     def drop_instance(self, instance_id: int) -> None:
         for first in list(self._filed):

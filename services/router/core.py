@@ -37,7 +37,7 @@ from switchyard.router.kv.index import KvIndex
 from switchyard.router.load import EngineLoads, InFlightTracker
 from switchyard.router.policies import build_profile
 from switchyard.router.prefix import cached_tokens
-from switchyard.router.prompt_hashes import PromptHashes
+from switchyard.router.prompt_hashes import PromptBlocks, PromptHashes
 from switchyard.router.timing import TimeModel
 from switchyard.router.types import Needs, PluginDeps, RouteContext, Worker, WorkerKey
 
@@ -216,12 +216,18 @@ class RouterCore:
         index, bookings, now = self.index, self.bookings, ctx.now
         offloaded = index.has_offloaded()
         for size in sorted(sizes):
-            hashes = self.prompt_hashes.hashes(tokens, size)
+            # Hashed lazily: the index walk hashes only as deep as some worker holds the
+            # prefix, and bookings compare token bytes (see prompt_hashes).
+            hashes = self.prompt_hashes.blocks(tokens, size)
             ctx.hashes[size] = hashes
             ctx.prompt_blocks = max(ctx.prompt_blocks, len(hashes))
             found = index.overlaps(hashes)
             booked = (
-                self._held_or_booked(found, bookings.overlaps(hashes, now)) if (bookings) else found
+                self._held_or_booked(
+                    found, bookings.overlaps_blocks(hashes.first, hashes.data, hashes.step, now)
+                )
+                if (bookings and hashes)
+                else found
             )
             if offloaded:
                 more = index.overlaps_any_tier(hashes)
@@ -266,7 +272,7 @@ class RouterCore:
         request = ctx.request
         prompt = ctx.prompt_tokens
         if ctx.hashes:
-            self.bookings.add(chosen.key, ctx.hashes.get(chosen.instance.block_size, ()), now)
+            self._book_blocks(ctx, chosen, now)
         uncached = (
             prompt - int(cached_tokens(ctx, chosen, self._offload_weight)[0])
             if (ctx.hashes)
@@ -284,7 +290,7 @@ class RouterCore:
         )
         if hop is not None:
             if ctx.hashes:
-                self.bookings.add(hop.key, ctx.hashes.get(hop.instance.block_size, ()), now)
+                self._book_blocks(ctx, hop, now)
             hop_uncached = (
                 prompt - int(cached_tokens(ctx, hop, self._offload_weight)[0])
                 if (ctx.hashes)
@@ -303,6 +309,17 @@ class RouterCore:
         self.decode.observe(ctx, chosen)
         if hop is not None:
             self.prefill.observe(ctx, hop)
+
+    def _book_blocks(self, ctx: RouteContext, w: Worker, now: float) -> None:
+        """Book the prompt's blocks on a worker: its token bytes when the core hashed it
+        (no hash beyond the first needed), else the hashes a plugin left."""
+        hashes = ctx.hashes.get(w.instance.block_size)
+        if not hashes:
+            return
+        if isinstance(hashes, PromptBlocks):
+            self.bookings.add_blocks(w.key, hashes.first, hashes.data, hashes.step, now)
+        else:
+            self.bookings.add(w.key, hashes, now)
 
     def _rows(
         self,

@@ -18,6 +18,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import add, mul
 
 from switchyard.router.types import (
     Filter,
@@ -121,14 +123,21 @@ class Profile:
             stat.calls += 1
             if len(raw) != n:
                 raise ValueError(f"scorer {scorer.name} returned {len(raw)} scores for {n}")
-            clamped = list(raw)
-            for i, value in enumerate(clamped):
-                if not 0.0 <= value <= 1.0:  # NaN fails both comparisons
-                    clamped[i] = min(max(value, 0.0), 1.0) if value == value else 0.0
-                    stat.clamped += 1
-                totals[i] += weight * clamped[i]
+            total = sum(raw)
+            if n and total == total and min(raw) >= 0.0 and max(raw) <= 1.0:
+                # All in range, no NaN (a NaN makes the sum NaN): the sums in C, not per
+                # worker in Python (the same products and sums, so the same totals).
+                clamped = raw  # type: ignore[assignment]
+                totals = list(map(add, totals, map(mul, raw, repeat(weight))))
+            else:
+                clamped = list(raw)
+                for i, value in enumerate(clamped):
+                    if not 0.0 <= value <= 1.0:  # NaN fails both comparisons
+                        clamped[i] = min(max(value, 0.0), 1.0) if value == value else 0.0
+                        stat.clamped += 1
+                    totals[i] += weight * clamped[i]
             if explain:
-                kept_scores[scorer.name] = clamped
+                kept_scores[scorer.name] = list(clamped)
         started = _clock_ns()
         index = self.picker.pick(ctx, workers, totals)
         self._picker_stat.seconds += (_clock_ns() - started) / 1e9

@@ -129,7 +129,8 @@ class RouteContext:
     busy: dict[int, float] = field(default_factory=dict)  # instance id -> busy until
     decode_protocol: str = ""  # the prefill profile: the chosen decode worker's protocol
     # ---- computed for Needs.BLOCKS ----
-    hashes: dict[int, list[int]] = field(default_factory=dict)  # block size -> hashes
+    # block size -> the prompt's block hashes (the core's are computed as read)
+    hashes: dict[int, Sequence[int]] = field(default_factory=dict)
     prompt_blocks: int = 0
     device_blocks: dict[WorkerKey, int] = field(default_factory=dict)
     any_tier_blocks: dict[WorkerKey, int] = field(default_factory=dict)  # empty: no offload

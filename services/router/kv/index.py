@@ -11,7 +11,9 @@ leaves), so `overlaps` is one dict lookup and one int AND per request block. Per
 tier, `own_of` maps engine hash -> router hash, `copies` counts the physical copies of an
 engine hash beyond the first (vLLM stores the last block of an exact block-aligned repeat
 again, as a second block under the same hash, and removes each copy with its own
-BlockRemoved), and `refs` counts the engine hashes behind each router hash.
+BlockRemoved), and `aliases` counts the engine hashes beyond the first that name one router
+hash (rare: two engine blocks of the same content). Whether a worker holds a router hash is
+its bit in `masks`, so the common store and removal touch two dicts per block, not three.
 
 Rules:
 - A BlockStored whose parent this worker never stored (or already removed) is skipped and
@@ -42,7 +44,11 @@ Pure and synchronous: no I/O, no locks; callers apply batches from one event loo
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Iterable, Sequence
+from itertools import repeat
+from operator import and_
+from typing import cast
 
 from switchyard.common.block_hash import block_hashes
 from switchyard.router.kv.types import (
@@ -78,6 +84,8 @@ _TIER_OF_MEDIUM = {
 }
 MAIN_ATTENTION_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
 _RESIDENCY_AGENT = "kvcr"  # blocks a residency agent owns, not the engine's own cache
+_NONES: repeat[None] = repeat(None)
+_CHUNK = 32  # blocks hashed at a time by a lazy walk: at most this many hashed in vain
 
 
 def tier_of(medium: str | None, locality: str | None = None) -> int:
@@ -92,12 +100,17 @@ def tier_of(medium: str | None, locality: str | None = None) -> int:
 
 
 class _TierState:
-    __slots__ = ("own_of", "copies", "refs")
+    __slots__ = ("own_of", "copies", "aliases", "aliased")
 
     def __init__(self) -> None:
         self.own_of: dict[EngineHash, int] = {}  # engine hash -> router hash
         self.copies: dict[EngineHash, int] = {}  # engine hash -> copies beyond the first
-        self.refs: dict[int, int] = {}  # router hash -> engine hashes naming it
+        self.aliases: dict[int, int] = {}  # router hash -> engine hashes beyond the first
+        self.aliased = 0  # sum of `aliases` values: len(own_of) - aliased distinct blocks
+
+    def blocks(self) -> set[int]:
+        """The distinct router hashes held."""
+        return set(self.own_of.values())
 
 
 class _Worker:
@@ -184,23 +197,37 @@ class KvIndex:
         get = masks.get
         other = extra.get if extra is not None else None
         active = -1  # every bit: the set of workers still matching
-        for depth, h in enumerate(hashes):
-            held = get(h, 0) if other is None else get(h, 0) | other(h, 0)
-            matching = active & held
-            if matching != active:
-                if depth:
-                    self._credit(result, active & ~matching, depth)
-                if not matching:
-                    return result
-                active = matching
+        total = len(hashes)
+        # A prompt's lazily hashed blocks (router.prompt_hashes.PromptBlocks) are hashed only
+        # as deep as some worker still matches, a chunk at a time.
+        upto = getattr(hashes, "upto", None)
+        known: Sequence[int] = hashes if upto is None else upto(1)  # a cold prompt: one
+        depth = 0
+        while True:
+            for h in known[depth:] if depth else known:
+                held = get(h, 0) if other is None else get(h, 0) | other(h, 0)
+                matching = active & held
+                if matching != active:
+                    if depth:
+                        self._credit(result, active & ~matching, depth)
+                    if not matching:
+                        return result
+                    active = matching
+                depth += 1
+            if depth >= total or upto is None:
+                break
+            known = upto(depth + _CHUNK)
         if active != -1:
-            self._credit(result, active, len(hashes))
+            self._credit(result, active, total)
         return result
 
     def size(self, worker: WorkerKey, tier: int = DEVICE) -> int:
         """Distinct blocks the worker holds on a tier (0 for an unknown worker)."""
         w = self._workers.get(worker)
-        return len(w.tiers[tier].refs) if w is not None else 0
+        if w is None:
+            return 0
+        state = w.tiers[tier]
+        return len(state.own_of) - state.aliased
 
     def copies(self, worker: WorkerKey, engine_hash: EngineHash, tier: int = DEVICE) -> int:
         """Physical copies of an engine block the worker holds (0: none)."""
@@ -259,8 +286,9 @@ class KvIndex:
     def _store(self, w: _Worker, record: Stored) -> None:
         counters = self.counters
         tier = DEVICE
-        if record.medium is not None or record.locality is not None:
-            tier = tier_of(record.medium, record.locality)
+        medium = record.medium
+        if (medium is not None and medium != "GPU") or record.locality is not None:
+            tier = tier_of(medium, record.locality)
             if tier == SKIP:
                 counters.skipped_tier += 1
                 return
@@ -304,21 +332,23 @@ class KvIndex:
         except (TypeError, ValueError):  # token ids that are not u32
             counters.malformed_stored += 1
             return
-        refs = state.refs
         masks = self._masks[tier]
         bit = w.bit
         counters.blocks_stored += n
-        if own_of.keys().isdisjoint(engine_hashes) and refs.keys().isdisjoint(owns):
-            # The common case, new blocks of new content for this worker: dict operations
-            # done in C, not per block in Python.
+        if own_of.keys().isdisjoint(engine_hashes):
             own_of.update(zip(engine_hashes, owns, strict=True))
-            refs.update(dict.fromkeys(owns, 1))
-            if masks.keys().isdisjoint(owns):  # and no worker holds them yet
-                masks.update(dict.fromkeys(owns, bit))
-            else:
-                get = masks.get
-                for own in owns:
-                    masks[own] = get(own, 0) | bit
+            if masks.keys().isdisjoint(owns):
+                # The common case, new content: dict operations done in C, not per block.
+                masks.update(zip(owns, repeat(bit)))
+                return
+            get = masks.get
+            for own in owns:
+                held = get(own, 0)
+                if held & bit:  # this worker holds that content under another engine hash
+                    state.aliases[own] = state.aliases.get(own, 0) + 1
+                    state.aliased += 1
+                else:
+                    masks[own] = held | bit
             return
         for engine_hash, own in zip(engine_hashes, owns, strict=True):
             previous = own_of.get(engine_hash)
@@ -331,10 +361,12 @@ class KvIndex:
                 state.copies.pop(engine_hash, None)
                 self._release(state, masks, bit, previous)
             own_of[engine_hash] = own
-            count = refs.get(own, 0)
-            refs[own] = count + 1
-            if not count:
-                masks[own] = masks.get(own, 0) | bit
+            held = masks.get(own, 0)
+            if held & bit:
+                state.aliases[own] = state.aliases.get(own, 0) + 1
+                state.aliased += 1
+            else:
+                masks[own] = held | bit
 
     def _remove(self, w: _Worker, record: Removed) -> None:
         tier = DEVICE
@@ -347,27 +379,30 @@ class KvIndex:
             return
         state = w.tiers[tier]
         own_of = state.own_of
-        copies = state.copies
         masks = self._masks[tier]
         bit = w.bit
-        if not copies:
-            pop = own_of.pop
-            refs = state.refs
-            keep = ~bit
-            for own in [pop(h, None) for h in record.block_hashes]:
-                if own is None:  # unknown: a block we skipped, or never saw stored
-                    continue
-                count = refs[own] - 1
-                if count:
-                    refs[own] = count
-                    continue
-                del refs[own]
-                mask = masks[own] & keep
-                if mask:
-                    masks[own] = mask
-                else:
-                    del masks[own]
+        if not state.copies and not state.aliases:
+            # The common case: each engine hash is one block of its own content. Bulk dict
+            # operations in C (map over bound methods), no Python loop per block.
+            popped: list[int | None] = list(map(own_of.pop, record.block_hashes, _NONES))
+            # None: unknown, a block we skipped or never saw stored
+            owns = cast(
+                "list[int]",
+                [own for own in popped if own is not None] if None in popped else popped,
+            )
+            left = list(map(and_, map(masks.__getitem__, owns), repeat(~bit)))
+            if not any(left):  # held by this worker alone
+                deque(map(masks.__delitem__, owns), maxlen=0)
+            elif all(left):  # held by others too
+                masks.update(zip(owns, left, strict=True))
+            else:
+                for own, mask in zip(owns, left, strict=True):
+                    if mask:
+                        masks[own] = mask
+                    else:
+                        del masks[own]
             return
+        copies = state.copies
         for engine_hash in record.block_hashes:
             extra = copies.get(engine_hash)
             if extra is not None:  # one physical copy goes, the block stays
@@ -376,18 +411,22 @@ class KvIndex:
                 else:
                     del copies[engine_hash]
                 continue
-            own = own_of.pop(engine_hash, None)
-            if own is not None:  # unknown: a block we skipped, or never saw stored
-                self._release(state, masks, bit, own)
+            gone = own_of.pop(engine_hash, None)
+            if gone is not None:  # unknown: a block we skipped, or never saw stored
+                self._release(state, masks, bit, gone)
 
     @staticmethod
     def _release(state: _TierState, masks: dict[int, int], bit: int, own: int) -> None:
-        refs = state.refs
-        count = refs[own] - 1
-        if count:
-            refs[own] = count
+        """One engine hash naming `own` is gone from the worker."""
+        aliases = state.aliases
+        count = aliases.get(own)
+        if count is not None:  # another engine hash still names it
+            state.aliased -= 1
+            if count > 1:
+                aliases[own] = count - 1
+            else:
+                del aliases[own]
             return
-        del refs[own]
         mask = masks[own] & ~bit
         if mask:
             masks[own] = mask
@@ -397,7 +436,7 @@ class KvIndex:
     def _clear(self, w: _Worker) -> None:
         keep = ~w.bit
         for state, masks in zip(w.tiers, self._masks, strict=True):
-            for own in state.refs:
+            for own in state.blocks():
                 mask = masks[own] & keep
                 if mask:
                     masks[own] = mask
@@ -405,4 +444,5 @@ class KvIndex:
                     del masks[own]
             state.own_of.clear()
             state.copies.clear()
-            state.refs.clear()
+            state.aliases.clear()
+            state.aliased = 0

@@ -66,3 +66,32 @@ def test_common_prefix():
     assert common_prefix(pack([]), pack([1])) == 0
     assert common_prefix(pack([5]), pack([1])) == 0
     assert common_prefix(pack([2**64 - 1, 7]), pack([2**64 - 1, 7])) == 2
+
+
+class TestBookedTokenBytes:
+    """The core books a prompt's token bytes (no hash beyond the first): lookups must read
+    as the hash-based ones do."""
+
+    def test_same_depths_as_booked_hashes(self):
+        from array import array
+
+        from switchyard.common.block_hash import block_hashes
+
+        size = 4
+        base = list(range(100, 132))  # 8 blocks
+
+        def data(tokens):
+            return array("I", tokens[: len(tokens) // size * size]).tobytes()
+
+        prompts = {A: base, B: base[:12] + [7] * 8}
+        by_hash, by_bytes = Bookings(), Bookings()
+        for worker, tokens in prompts.items():
+            hashes = block_hashes(tokens, size)
+            by_hash.add(worker, hashes, now=0)
+            by_bytes.add_blocks(worker, hashes[0], data(tokens), size * 4, now=0)
+        for probe in (base, base[:20] + [9] * 12, base[:12] + [7] * 8 + [1] * 4, [5] * 8):
+            hashes = block_hashes(probe, size)
+            expected = by_hash.overlaps(hashes, now=1)
+            got = by_bytes.overlaps_blocks(hashes[0], data(probe), size * 4, now=1)
+            assert got == expected
+        assert by_bytes.overlaps_blocks(1, b"x" * 16, 16, now=11) == {} and not by_bytes

@@ -65,6 +65,23 @@ class TestProfile:
         assert outcome.scores["wild"] == [1.0, 0.0, 0.0]
         assert stats.by_plugin["p/wild"].clamped == 3
 
+    def test_one_nan_or_inf_among_valid_scores_is_clamped(self):
+        """The in-range fast path (sums in C) must not let a lone NaN or inf through: a NaN
+        after the first score escapes min() and max(), not the sum."""
+        for bad, clamped_to in ((math.nan, 0.0), (math.inf, 1.0), (-math.inf, 0.0)):
+            stats = PluginStats()
+            profile = Profile(
+                "p",
+                [],
+                [(Fixed("s", {1: 0.5, 2: bad, 3: 0.25}), 2.0)],
+                MaxScore(NoParams(), DEPS),
+                stats,
+            )
+            outcome = profile.run(ctx(), workers(1, 2, 3))
+            assert outcome.scores["s"] == [0.5, clamped_to, 0.25]
+            assert outcome.totals == [1.0, 2.0 * clamped_to, 0.5]
+            assert stats.by_plugin["p/s"].clamped == 1
+
     def test_every_plugin_is_timed(self):
         stats = PluginStats()
         profile = Profile(

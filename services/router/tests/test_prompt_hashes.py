@@ -47,3 +47,30 @@ class TestPromptHashes:
             PromptHashes().hashes([1, 2], 0)
         with pytest.raises(ValueError):
             PromptHashes().hashes([2**33] * 16, 16)
+
+
+class TestLazyBlocks:
+    def test_hashed_only_as_deep_as_read(self):
+        cache = PromptHashes()
+        prompt = tokens(1, 16 * 100)
+        blocks = cache.blocks(prompt, 16)
+        assert len(blocks) == 100 and blocks.known == block_hashes(prompt[:16], 16)
+        assert cache.hashed_blocks == 1
+        assert blocks.upto(40)[:40] == block_hashes(prompt, 16)[:40]
+        assert cache.hashed_blocks == 40
+        assert list(blocks) == block_hashes(prompt, 16) and cache.hashed_blocks == 100
+        assert blocks == block_hashes(prompt, 16) and blocks[-1] == block_hashes(prompt, 16)[-1]
+
+    def test_a_later_prompt_reuses_what_an_earlier_one_hashed_since(self):
+        cache = PromptHashes()
+        system = tokens(1, 16 * 50)
+        first = cache.blocks(system + tokens(2, 64), 16)
+        first.upto(30)  # read after it was remembered
+        second = cache.blocks(system + tokens(3, 64), 16)
+        assert second.known == block_hashes(system, 16)[:30]  # reused, not rehashed
+        assert list(second) == block_hashes(system + tokens(3, 64), 16)
+
+    def test_empty_and_short_prompts(self):
+        cache = PromptHashes()
+        assert len(cache.blocks([1, 2, 3], 16)) == 0 and not cache.blocks([1, 2, 3], 16)
+        assert cache.hashes([1, 2, 3], 16) == []

@@ -241,3 +241,36 @@ class TestDryRun:
         assert rows[1].prefill_ms > rows[2].prefill_ms > 0
         assert rows[2].ttft_ms == reply.predicted_ttft_ms
         assert len(c.tracker) == 0 and c.bookings.size((2, 0)) == 0
+
+
+class TestLazyPromptHashes:
+    """The core hashes a prompt only as deep as the index walk reads it, and books token
+    bytes: the decisions are those of fully hashed prompts."""
+
+    def test_a_prompt_nobody_holds_hashes_one_block(self):
+        from switchyard.router.tests.helpers import BLOCK
+
+        c = core(inst(1), inst(2))
+        hold(c, (2, 0), prompt(1, 1024))
+        reply = c.route(req("r", prompt(2, 4096)), now=0).response
+        assert reply.prompt_blocks == 4096 // BLOCK and reply.overlap_blocks == 0
+        assert c.prompt_hashes.hashed_blocks == 1
+
+    def test_a_held_prefix_is_read_to_its_end(self):
+        from switchyard.router.tests.helpers import BLOCK
+
+        c = core(inst(1), inst(2))
+        tokens = prompt(3, 4096)
+        hold(c, (2, 0), tokens[: 100 * BLOCK])
+        reply = c.route(req("r", tokens), now=0).response
+        assert reply.instance_id == 2 and reply.overlap_blocks == 100
+        assert 100 <= c.prompt_hashes.hashed_blocks <= 100 + 32  # one chunk past the prefix
+
+    def test_the_booking_of_an_unhashed_prompt_counts_for_the_next(self):
+        c = core(inst(1), inst(2), inst(3))
+        shared = prompt(4, 4096)
+        first = c.route(req("a", shared + prompt(5, 64)), now=0).response.instance_id
+        dry = c.route(req("b", shared + prompt(6, 64), dry_run=True), now=0).response
+        row = next(w for w in dry.workers if w.instance_id == first and w.profile == "decode")
+        assert row.pending_tokens == len(shared)  # the whole shared prefix is booked there
+        assert dry.instance_id == first

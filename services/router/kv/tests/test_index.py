@@ -377,3 +377,100 @@ class TestRanks:
         index.remove_instance(1)
         assert index.overlaps(OWN) == {}
         assert index.workers() == []
+
+
+class _Reference:
+    """The index's rules restated the slow, obvious way (one worker, the device tier): each
+    engine hash names one router hash and counts its physical copies."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[int, tuple[int, int]] = {}  # engine hash -> (router hash, copies)
+
+    def store(self, hashes: list[int], parent: int | None, tokens: list[int]) -> None:
+        if parent is not None:
+            if parent not in self.blocks:
+                return
+            parent = self.blocks[parent][0]
+        for engine_hash, own in zip(hashes, block_hashes(tokens, BS, parent), strict=True):
+            held = self.blocks.get(engine_hash)
+            if held is not None and held[0] == own:
+                self.blocks[engine_hash] = (own, held[1] + 1)
+            else:
+                self.blocks[engine_hash] = (own, 1)
+
+    def remove(self, hashes: list[int]) -> None:
+        for engine_hash in hashes:
+            held = self.blocks.get(engine_hash)
+            if held is None:
+                continue
+            if held[1] > 1:
+                self.blocks[engine_hash] = (held[0], held[1] - 1)
+            else:
+                del self.blocks[engine_hash]
+
+    def owns(self) -> set[int]:
+        return {own for own, _ in self.blocks.values()}
+
+
+class TestBulkPathsMatchTheRules:
+    """The store and removal fast paths (bulk dict operations, aliases kept apart) against
+    a reference model, on random event sequences with repeats, aliases, shared content,
+    unknown removals and reused engine hashes."""
+
+    def test_random_sequences(self):
+        import random
+
+        rng = random.Random(7)
+        contents = [list(range(100 + 32 * c, 132 + 32 * c)) for c in range(3)]
+        for trial in range(200):
+            index, refs = KvIndex(), {W1: _Reference(), W2: _Reference()}
+            for _ in range(30):
+                worker = rng.choice((W1, W2))
+                ref = refs[worker]
+                if rng.random() < 0.6:
+                    tokens = rng.choice(contents)
+                    start = rng.randrange(0, 7)
+                    count = rng.randrange(1, 9 - start)
+                    base = rng.choice((1000, 2000, 3000))  # few id ranges: aliases, reuse
+                    hashes = [base + start + k for k in range(count)]
+                    parent = None if start == 0 else base + start - 1
+                    piece = tokens[start * BS : (start + count) * BS]
+                    index.apply_batch(worker, [store(hashes, parent, piece)])
+                    ref.store(hashes, parent, piece)  # an unknown parent: skipped by both
+                else:
+                    pool = list(ref.blocks) or [5]
+                    hashes = rng.sample(pool, min(len(pool), rng.randrange(1, 6)))
+                    if rng.random() < 0.3:
+                        hashes.append(9999)  # never stored
+                    index.apply_batch(worker, [Removed(hashes)])
+                    ref.remove(hashes)
+                for key, r in refs.items():
+                    assert index.size(key) == len(r.owns()), trial
+                    for engine_hash, (own, copies) in r.blocks.items():
+                        assert index.copies(key, engine_hash) == copies, trial
+                        assert key in index.holders(own), trial
+                holders = {own for r in refs.values() for own in r.owns()}
+                assert len(index) == len(holders), trial
+
+
+class TestAliases:
+    def test_alias_kept_until_its_last_engine_hash_goes(self):
+        index = KvIndex()
+        index.apply_batch(W1, [store([1, 2], None, PROMPT[:8])])
+        index.apply_batch(W1, [store([11, 12], None, PROMPT[:8])])  # same content, new ids
+        assert index.size(W1) == 2
+        index.apply_batch(W1, [Removed([1, 2])])
+        assert index.overlaps(OWN) == {W1: 2} and index.size(W1) == 2
+        index.apply_batch(W1, [Removed([12])])
+        assert index.overlaps(OWN) == {W1: 1} and index.size(W1) == 1
+        index.apply_batch(W1, [Removed([11])])
+        assert index.overlaps(OWN) == {} and index.size(W1) == 0 and len(index) == 0
+
+    def test_removal_of_blocks_partly_shared_with_another_worker(self):
+        index = KvIndex()
+        chain(index, W1, 8)
+        chain(index, W2, 4, first_hash=1)
+        index.apply_batch(W1, [Removed([1002, 1003, 1004, 1005, 77])])  # 77: unknown
+        assert index.overlaps(OWN) == {W1: 2, W2: 4}
+        assert len(index) == 6  # blocks 4 and 5 went with their only holder
+        assert index.holders(OWN[3]) == {W2} and index.holders(OWN[4]) == set()
