@@ -90,8 +90,8 @@ def run(args: argparse.Namespace) -> int:
 
         def bound(endpoint: str) -> None:
             logs.instance = endpoint
-            write_ready_file(args.ready_file, {"bind": endpoint, "metrics_port": metrics_port})
             heap.settle()  # the start-up heap, out of full collections
+            write_ready_file(args.ready_file, {"bind": endpoint, "metrics_port": metrics_port})
 
         await service.run(stop, ports=args.port_range, on_bound=bound)
 

@@ -410,10 +410,10 @@ def run(args: argparse.Namespace) -> int:
             )
     for warning in access.warnings(f"{args.host}:{port}"):
         log.warning("%s", warning)
+    heap.settle()  # imports and the app, out of full collections (tokenizers: when loaded)
     write_ready_file(
         args.ready_file, {"port": port, "metrics_port": metrics_port, "admin_port": admin_port}
     )
-    heap.settle()  # imports and the app, out of full collections (tokenizers: when loaded)
     server.run(sockets=sockets)
     return 0
 

@@ -133,7 +133,9 @@ class ModelTokenizers:
                 return
             log.info("tokenizer of model %r loaded from %s", model, folder)
         self._bundles[model] = bundle
-        heap.settle()  # the tokenizer lives as long as the process: out of full collections
+        # The tokenizer lives as long as the process: out of full collections (freeze only,
+        # a collection would hold the serving loop).
+        heap.settle(collect=False)
 
     async def _load_dir(self, folder: Path) -> TokenizerBundle:
         task = self._from_dir.get(folder)

@@ -208,8 +208,8 @@ def run(args: argparse.Namespace) -> int:
             report: dict[str, object] = {"bind": endpoint, "metrics_port": metrics_port}
             if service.kv_listen_endpoint is not None:  # --kv-events-bind / --kv-events-proxy
                 report["kv_events_listen"] = service.kv_listen_endpoint
-            write_ready_file(args.ready_file, report)
             heap.settle()  # the start-up heap, out of full collections
+            write_ready_file(args.ready_file, report)
 
         await service.run(stop, ports=args.port_range, on_bound=bound)
 

@@ -25,3 +25,18 @@ class TestSettle:
             assert gc.get_count()[2] == 0  # nothing left in the oldest generation
         finally:
             gc.unfreeze()
+
+    def test_freeze_alone_leaves_collecting_to_later(self):
+        gc.unfreeze()
+        try:
+            gc.collect()
+            node = _Node()
+            node.me = node
+            dead = weakref.ref(node)
+            del node
+            settle(collect=False)
+            assert dead() is not None  # frozen with the rest: one moment's garbage
+            assert gc.get_freeze_count() > 0
+        finally:
+            gc.unfreeze()
+            gc.collect()
