@@ -269,46 +269,33 @@ class RouterCore:
         return ctx.prompt_tokens - held >= self.disagg_min_uncached_tokens
 
     def _book(self, ctx: RouteContext, chosen: Worker, hop: Worker | None, now: float) -> None:
-        request = ctx.request
-        prompt = ctx.prompt_tokens
-        if ctx.hashes:
-            self._book_blocks(ctx, chosen, now)
-        uncached = (
-            prompt - int(cached_tokens(ctx, chosen, self._offload_weight)[0])
-            if (ctx.hashes)
-            else prompt
-        )
-        self.tracker.add(
-            request.request_id,
-            chosen.key,
-            now,
-            # With a hop the decode worker receives the prompt's KV: nothing to prefill.
-            prefill_tokens=0 if hop else uncached,
-            tokens=prompt,
-            kv_tokens=uncached,
+        request_id = ctx.request.request_id
+        # With a hop the decode worker receives the prompt's KV: nothing to prefill there.
+        self._place(
+            ctx, chosen, request_id, now, prefills=hop is None,
             learn=hop is None and chosen.instance.local_prefill,
-        )
-        if hop is not None:
-            if ctx.hashes:
-                self._book_blocks(ctx, hop, now)
-            hop_uncached = (
-                prompt - int(cached_tokens(ctx, hop, self._offload_weight)[0])
-                if (ctx.hashes)
-                else prompt
-            )
-            # Freed at the request's first token (the prefill is done by then).
-            self.tracker.add(
-                request.request_id + PREFILL_BOOKING,
-                hop.key,
-                now,
-                prefill_tokens=hop_uncached,
-                tokens=prompt,
-                kv_tokens=hop_uncached,
-                learn=True,
-            )
+        )  # fmt: skip
+        if hop is not None:  # freed at the request's first token (the prefill is done by then)
+            self._place(ctx, hop, request_id + PREFILL_BOOKING, now, prefills=True, learn=True)
         self.decode.observe(ctx, chosen)
         if hop is not None:
             self.prefill.observe(ctx, hop)
+
+    def _place(
+        self, ctx: RouteContext, w: Worker, booking_id: str, now: float, *, prefills: bool,
+        learn: bool,
+    ) -> None:  # fmt: skip
+        """Book the prompt's blocks and its load on one worker (`prefills`: it computes the
+        uncached part itself)."""
+        prompt = ctx.prompt_tokens
+        uncached = prompt
+        if ctx.hashes:
+            self._book_blocks(ctx, w, now)
+            uncached -= int(cached_tokens(ctx, w, self._offload_weight)[0])
+        self.tracker.add(
+            booking_id, w.key, now, prefill_tokens=uncached if prefills else 0, tokens=prompt,
+            kv_tokens=uncached, learn=learn,
+        )  # fmt: skip
 
     def _book_blocks(self, ctx: RouteContext, w: Worker, now: float) -> None:
         """Book the prompt's blocks on a worker: its token bytes when the core hashed it

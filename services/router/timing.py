@@ -78,9 +78,9 @@ class TimeParams:
         _check("running_penalty_ms", self.running_penalty_ms, 0.0, 1e6)
         _check("work_weight", self.work_weight, 0.0, 100.0)
         _check("decode_ms_per_1k_tokens", self.decode_ms_per_1k_tokens, 0.0, 1e6)
-        _check("output_tokens", self.output_tokens, 0, 1_000_000)
         if not isinstance(self.output_tokens, int) or isinstance(self.output_tokens, bool):
             raise ValueError(f"output_tokens must be an integer, got {self.output_tokens!r}")
+        _check("output_tokens", self.output_tokens, 0, 1_000_000)
         _check("offload_weight", self.offload_weight, 0.0, 1.0)
 
     @property
@@ -153,7 +153,7 @@ class TimeModel:
             return own
         if self._fleet.n >= _MIN_SAMPLES:
             return self._fleet
-        return own if own is not None else self.own_speed(key)
+        return self.own_speed(key)
 
     def observe(self, key: WorkerKey, tokens: float, seconds: float) -> None:
         """A request routed to `key` had `tokens` of prefill ahead of and in it (as the router
