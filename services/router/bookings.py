@@ -32,9 +32,13 @@ def pack(hashes: Sequence[int]) -> bytes:
     return array("Q", hashes).tobytes()
 
 
-def common_prefix(a: bytes, b: bytes, unit: int = 8) -> int:
-    """How many leading units (8 bytes: packed hashes) two byte strings share."""
-    low, high = 0, min(len(a), len(b)) // unit
+def common_prefix(
+    a: bytes, b: bytes, unit: int = 8, known: int = 0, limit: int | None = None
+) -> int:
+    """How many leading units (8 bytes: packed hashes; a block's token bytes) two byte
+    strings share: `known` of them known equal, at most `limit` (default: all of the
+    shorter)."""
+    low, high = known, min(len(a), len(b)) // unit if limit is None else limit
     view = memoryview(b)
     while low < high:
         mid = (low + high + 1) // 2

@@ -23,6 +23,7 @@ from typing import overload
 import xxhash
 
 from switchyard.common.block_hash import SEED, chain_hashes, full_block_bytes
+from switchyard.router.bookings import common_prefix
 
 _xxh3 = xxhash.xxh3_64_intdigest
 
@@ -111,7 +112,8 @@ class PromptHashes:
             self._lru.move_to_end(key)
             for other in recent:
                 known = other.known
-                common = self._common_blocks(data, memoryview(other.data), step, n, len(known))
+                # block 0 is shared (the same key); no further than `other` is hashed
+                common = common_prefix(data, other.data, step, 1, min(n, len(known)))
                 if common > len(reuse):
                     reuse = known[:common]
         self.reused_blocks += len(reuse) - 1
@@ -119,19 +121,6 @@ class PromptHashes:
         blocks = PromptBlocks(data, step, n, reuse, self)  # reuse: a list of its own
         self._remember(key, blocks)
         return blocks
-
-    @staticmethod
-    def _common_blocks(a: bytes, b: memoryview, step: int, n: int, m: int) -> int:
-        """How many leading whole blocks two token byte strings share (block 0 is shared)."""
-        low, high = 1, min(n, m)  # low blocks known equal; find the largest equal prefix
-        while low < high:
-            mid = (low + high + 1) // 2
-            # memcmp of the blocks not known equal yet only (no copy)
-            if a.startswith(b[low * step : mid * step], low * step):
-                low = mid
-            else:
-                high = mid - 1
-        return low
 
     def _remember(self, key: tuple[int, int], blocks: PromptBlocks) -> None:
         recent = self._lru.get(key)
