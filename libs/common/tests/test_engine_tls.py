@@ -45,8 +45,12 @@ def tls_engine(pki, **extra) -> MockEngineConfig:
 
 async def one_generation(url: str, tls: EngineTls | None) -> GenerateFinished:
     client = client_for("vllm", url, 1, tls)
+    # ignore_eos: a sampled EOS would end it before 3 tokens (it did once in CI)
     request = GenerateRequest(
-        request_id="r", instance_id=1, token_ids=[1, 2, 3], sampling=SamplingParams(max_tokens=3)
+        request_id="r",
+        instance_id=1,
+        token_ids=[1, 2, 3],
+        sampling=SamplingParams(max_tokens=3, ignore_eos=True),
     )
     try:
         events = [event async for event in client.generate(request)]
