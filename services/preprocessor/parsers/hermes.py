@@ -16,48 +16,19 @@ one: it falls back to content.
 
 from __future__ import annotations
 
-from .json_calls import JsonCallsParser, Read
+from .json_calls import JsonObjectsParser
 from .scan import WHITESPACE
 
 BEGIN = "<tool_call>"
 END = "</tool_call>"
 
-_LEAD, _OBJECT, _TAIL = range(3)
 
-
-class HermesToolParser(JsonCallsParser):
+class HermesToolParser(JsonObjectsParser):
     name = "hermes"
     start_markers: tuple[str, ...] = (BEGIN,)
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
-        self._state = _LEAD
-
-    def _begin_section(self, marker: str) -> None:
-        self._state = _LEAD
-
-    def _section(self, final: bool) -> bool:
+    def _after(self, final: bool) -> bool:
         buf = self._buf
-        if self._state == _LEAD:
-            rest = buf.lstrip(WHITESPACE)
-            if not rest:
-                if final:
-                    self._fail()
-                    return True
-                return False
-            if rest[0] != "{":
-                self._fail()
-                return True
-            self._consume(len(buf) - len(rest))
-            self._state = _OBJECT
-            return True
-        if self._state == _OBJECT:
-            read = self._read_object(final)
-            if read is Read.WAIT:
-                return False
-            if read is Read.DONE:
-                self._state = _TAIL
-            return True
         rest = buf.lstrip(WHITESPACE)
         if rest.startswith(END):
             self._consume(len(buf) - len(rest) + len(END))

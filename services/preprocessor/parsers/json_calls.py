@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from enum import Enum
 
-from .scan import Header, JsonEnd, match_header
+from .scan import WHITESPACE, Header, JsonEnd, match_header
 from .tool_stream import ToolParser
 
 
@@ -107,3 +107,52 @@ class JsonCallsParser(ToolParser):
         self._args_scan = None
         self._fail()
         return Read.FAILED
+
+
+# The states of a section that is JSON objects in a row (Hermes, Llama 3): whitespace, an
+# object, then what the family expects after one (a closing tag, a separator).
+_LEAD, _OBJECT, _AFTER = range(3)
+
+
+class JsonObjectsParser(JsonCallsParser):
+    """A section of calls, each a JSON object after optional whitespace. The family reads
+    what follows an object in `_after` and returns to the lead with `_next_object`."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self._state = _LEAD
+
+    def _begin_section(self, marker: str) -> None:
+        self._state = _LEAD
+
+    def _next_object(self) -> None:
+        self._state = _LEAD
+
+    def _section(self, final: bool) -> bool:
+        if self._state == _AFTER:
+            return self._after(final)
+        buf = self._buf
+        if self._state == _LEAD:
+            rest = buf.lstrip(WHITESPACE)
+            if not rest:
+                if final:
+                    self._fail()
+                    return True
+                return False
+            if rest[0] != "{":
+                self._fail()
+                return True
+            self._consume(len(buf) - len(rest))
+            self._state = _OBJECT
+            return True
+        read = self._read_object(final)
+        if read is Read.WAIT:
+            return False
+        if read is Read.DONE:
+            self._state = _AFTER
+        return True
+
+    def _after(self, final: bool) -> bool:
+        """One step past a complete object (the `_section` contract: True to step again,
+        False to wait for more text)."""
+        raise NotImplementedError
