@@ -390,23 +390,12 @@ class VllmServicer(CommonRpcs, pb_grpc.VllmEngineServicer):
     async def Embed(
         self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext
     ) -> pb.EmbedResponse:
-        if not self.deps.config.embedding:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "This model does not support pooling"
-            )
-        if not request.HasField("tokenized"):
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "EmbedRequest requires tokenized input"
-            )
-        request_id = request.request_id or self.engine.new_request_id()
-        log_request(self.deps, "Embed", request_id, context)
-        prompt = tuple(request.tokenized.input_ids)
-        try:
-            vector = await self.deps.embed(request_id, prompt)
-        except RequestRejected as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.reason)
-        return pb.EmbedResponse(
-            embedding=vector, prompt_tokens=len(prompt), embedding_dim=len(vector)
+        return await self._embed(
+            request,
+            context,
+            pb.EmbedResponse,
+            not_embedding="This model does not support pooling",
+            not_tokenized="EmbedRequest requires tokenized input",
         )
 
     async def HealthCheck(
