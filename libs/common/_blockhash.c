@@ -421,10 +421,10 @@ done:
 
 /* A token id as a u32, as array("I") packs it: ints (and __index__ objects) in 0..2^32-1;
  * ValueError out of range, TypeError for anything else. */
-static int token_u32(PyObject *item, uint32_t *out)
+static int token_u32_slow(PyObject *item, uint32_t *out)
 {
     unsigned long value;
-    if (PyLong_CheckExact(item) || PyLong_Check(item)) {
+    if (PyLong_Check(item)) {
         value = PyLong_AsUnsignedLong(item);
     }
     else {
@@ -447,6 +447,39 @@ static int token_u32(PyObject *item, uint32_t *out)
 range:
     PyErr_SetString(PyExc_ValueError, "token ids must fit in an unsigned 32-bit int");
     return -1;
+}
+
+/* token_u32_slow, reading a small exact int's digits directly (token ids are small ints:
+ * PyLong_AsUnsignedLong's checks cost more than the packing itself). */
+static inline int token_u32(PyObject *item, uint32_t *out)
+{
+    if (PyLong_CheckExact(item)) {
+#if PY_VERSION_HEX >= 0x030C0000
+        if (PyUnstable_Long_IsCompact((PyLongObject *)item)) {
+            Py_ssize_t value = PyUnstable_Long_CompactValue((PyLongObject *)item);
+            if (value >= 0 && (uint64_t)value <= 0xFFFFFFFFULL) {
+                *out = (uint32_t)value;
+                return 0;
+            }
+        }
+#else
+        /* CPython 3.11: the sign is the sign of ob_size, its magnitude the digit count. */
+        Py_ssize_t size = Py_SIZE(item);
+        const digit *digits = ((PyLongObject *)item)->ob_digit;
+        if (size == 0 || size == 1) {
+            *out = size ? (uint32_t)digits[0] : 0;
+            return 0;
+        }
+        if (size == 2) {
+            uint64_t value = (uint64_t)digits[0] | ((uint64_t)digits[1] << PyLong_SHIFT);
+            if (value <= 0xFFFFFFFFULL) {
+                *out = (uint32_t)value;
+                return 0;
+            }
+        }
+#endif
+    }
+    return token_u32_slow(item, out);
 }
 
 /* block_hashes(token_ids, block_size, parent=None): as block_hash.block_hashes, packing each
@@ -667,7 +700,7 @@ nested:
 /* One token cell: an int, or a 2-item array [token, next_token] whose first item is an int
  * (Eagle's bigram cells: the token counts), as decode.py's `_token` reads it. CELL_SHAPE for
  * any other cell; CELL_RANGE for an int outside u32 (the index's malformed event). */
-static int read_cell(Reader *r, uint32_t *token)
+static int read_cell_slow(Reader *r, uint32_t *token)
 {
     uint64_t value = 0;
     int negative;
@@ -689,6 +722,32 @@ static int read_cell(Reader *r, uint32_t *token)
         return CELL_RANGE;
     *token = (uint32_t)value;
     return CELL_OK;
+}
+
+/* read_cell_slow, with the cells encoders write for token ids (a positive fixint, or uint8
+ * to uint64) read without a branch on their width: token ids of a vocabulary mix uint16 and
+ * uint32 cells at random, and a mispredicted branch per token was most of the parse. */
+static inline int read_cell(Reader *r, uint32_t *token)
+{
+    const uint8_t *p = r->p;
+    if (r->end - p >= 9) {
+        uint8_t b = p[0];
+        if (b <= 0x7f) {
+            *token = b;
+            r->p = p + 1;
+            return CELL_OK;
+        }
+        if ((b & 0xfc) == 0xcc) { /* 0xcc..0xcf: uint of 1 << (b & 3) bytes */
+            int width_log2 = b & 3;
+            uint64_t value = read_be(p + 1, 8) >> (64 - (8 << width_log2));
+            r->p = p + 1 + (1 << width_log2);
+            if (value > 0xFFFFFFFFULL)
+                return CELL_RANGE;
+            *token = (uint32_t)value;
+            return CELL_OK;
+        }
+    }
+    return read_cell_slow(r, token);
 }
 
 static int cell_error(int status)

@@ -36,6 +36,8 @@ Rules:
   `extra_keys` (multimodal items) are not indexed (`skipped_namespace`): the engine hashed
   them with inputs a prompt's token ids do not carry.
 - A BlockStored whose token_ids do not cover its blocks exactly is skipped (`malformed_stored`).
+  Its token_ids are a list, or (StoredPacked, from the ZMQ decoder) the msgpack array as it
+  came, hashed from its bytes in C.
 - Index a prompt with the same block size as the engine's (Instance.block_size).
 
 Pure and synchronous: no I/O, no locks; callers apply batches from one event loop.
@@ -50,7 +52,9 @@ from itertools import repeat
 from operator import and_
 from typing import cast
 
-from switchyard.common.block_hash import block_hashes
+from msgspec import Raw
+
+from switchyard.common.block_hash import block_hashes, native
 from switchyard.router.kv.types import (
     CLEARED_KIND,
     REMOVED,
@@ -86,6 +90,10 @@ MAIN_ATTENTION_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_
 _RESIDENCY_AGENT = "kvcr"  # blocks a residency agent owns, not the engine's own cache
 _NONES: repeat[None] = repeat(None)
 _CHUNK = 32  # blocks hashed at a time by a lazy walk: at most this many hashed in vain
+# Packed token ids (types.StoredPacked) come only from a build with the C extension.
+if native is not None:
+    token_count = native.token_count
+    msgpack_block_hashes = native.msgpack_block_hashes
 
 
 def tier_of(medium: str | None, locality: str | None = None) -> int:
@@ -312,8 +320,10 @@ class KvIndex:
         n = len(engine_hashes)
         if n == 0:
             return
-        size = record.block_size or len(tokens) // n
-        if size <= 0 or len(tokens) != n * size:
+        packed = type(tokens) is Raw  # StoredPacked: the msgpack array, hashed from there
+        count = token_count(tokens) if packed else len(tokens)
+        size = record.block_size or count // n
+        if size <= 0 or count != n * size:
             counters.malformed_stored += 1
             return
         state = w.tiers[tier]
@@ -328,7 +338,10 @@ class KvIndex:
                     return
             parent = found
         try:
-            owns = block_hashes(tokens, size, parent)
+            if packed:
+                owns = msgpack_block_hashes(tokens, size, parent)
+            else:
+                owns = block_hashes(tokens, size, parent)
         except (TypeError, ValueError):  # token ids that are not u32
             counters.malformed_stored += 1
             return
