@@ -23,6 +23,10 @@ unknown event type, a bigram token cell, a field of another shape) goes through 
 path, which decodes generically and converts event by event: an event of an unknown type, or
 a known one with fields of the wrong shape, is skipped and counted in `DecodedBatch.skipped`;
 only a payload that is not a batch at all raises KvDecodeError.
+
+`decode_payload_packed` (what the subscriber uses) is the same, but leaves a BlockStored's
+token ids as their msgpack array (types.StoredPacked) for the index to hash in C;
+`decode_payload` gives them as lists.
 """
 
 from __future__ import annotations
