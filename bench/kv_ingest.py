@@ -26,9 +26,15 @@ from typing import Any
 
 import msgspec
 
+from switchyard.common import block_hash
 from switchyard.common.block_hash import block_hashes
-from switchyard.router.kv.decode import decode_payload
+from switchyard.router.kv import decode
 from switchyard.router.kv.index import KvIndex
+
+# What the subscriber decodes with: token ids left as msgpack for the C hash where the router
+# has it (decode_payload_packed), else decode_payload.
+decode_payload = getattr(decode, "decode_payload_packed", decode.decode_payload)
+HASHING = "C" if getattr(block_hash, "NATIVE", False) else "Python"
 
 # The current index keys a worker by (instance id, data-parallel rank), the previous one by id.
 NEW_API = hasattr(KvIndex, "overlaps_with")
@@ -157,7 +163,7 @@ def main() -> None:
 
     print(
         f"## KV ingestion ({WORKERS} workers, stores of {BLOCKS_PER_EVENT} blocks x {BLOCK} "
-        f"tokens, LRU removals past {args.capacity} blocks/worker)\n"
+        f"tokens, LRU removals past {args.capacity} blocks/worker; block hash in {HASHING})\n"
     )
     print(
         "| encoding | batches | events (stores+removes) | events/CPU-s | blocks stored/CPU-s "

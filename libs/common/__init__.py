@@ -1,7 +1,7 @@
 """What every service shares.
 
-Layout: instance_id, errors, instance_diff, workers, block_hash, engines/ (the engine gRPC
-adapters), messaging, fleet_client, ports, endpoints, runner, healthcheck; settings (flags,
-SWITCHYARD_<FLAG>, the --config file), logs (--log-format), metrics, loop_histogram; heap
-(the start-up heap, frozen).
+Layout: instance_id, errors, instance_diff, workers, block_hash (_blockhash.c: its optional C
+form), engines/ (the engine gRPC adapters), messaging, fleet_client, ports, endpoints, runner,
+healthcheck; settings (flags, SWITCHYARD_<FLAG>, the --config file), logs (--log-format),
+metrics, loop_histogram; heap (the start-up heap, frozen).
 """

@@ -10,6 +10,11 @@ Definition (the field's convention: XXH3-64, seed 1337, token ids as little-endi
 So a root block has no prefix (not a zero parent), and every other block's hash covers its
 whole prefix. Only full blocks are hashed; a trailing partial block is ignored. Hashes are
 unsigned 64-bit ints.
+
+`block_hashes` and `chain_hashes` are the C extension's (`_blockhash`, built at install
+time) when it imported, else the Python definitions below (`py_block_hashes`,
+`py_chain_hashes`: the fallback, and the reference the extension is tested against).
+`NATIVE` says which is live.
 """
 
 from __future__ import annotations
@@ -20,7 +25,13 @@ from collections.abc import Sequence
 
 import xxhash
 
+try:
+    from switchyard.common import _blockhash as native
+except ImportError:  # pragma: no cover - installed without a C compiler
+    native = None  # type: ignore[assignment]
+
 SEED = 1337
+NATIVE = native is not None
 
 _xxh3 = xxhash.xxh3_64_intdigest
 
@@ -29,7 +40,9 @@ if array("I").itemsize != 4:  # pragma: no cover - every supported platform has 
 _BIG_ENDIAN_HOST = sys.byteorder == "big"
 
 
-def block_hashes(token_ids: Sequence[int], block_size: int, parent: int | None = None) -> list[int]:
+def py_block_hashes(
+    token_ids: Sequence[int], block_size: int, parent: int | None = None
+) -> list[int]:
     """Chained hashes of the full blocks of `token_ids`, in order.
 
     `parent` continues an existing chain: the first block is hashed as the child of `parent`
@@ -37,7 +50,7 @@ def block_hashes(token_ids: Sequence[int], block_size: int, parent: int | None =
     a block_size below 1 or a token id outside u32.
     """
     data, n = full_block_bytes(token_ids, block_size)
-    return chain_hashes(data, block_size * 4, 0, n, parent)
+    return py_chain_hashes(data, block_size * 4, 0, n, parent)
 
 
 def full_block_bytes(token_ids: Sequence[int], block_size: int) -> tuple[bytes, int]:
@@ -68,7 +81,7 @@ def full_block_bytes(token_ids: Sequence[int], block_size: int) -> tuple[bytes, 
     return data, n
 
 
-def chain_hashes(data: bytes, step: int, start: int, n: int, parent: int | None) -> list[int]:
+def py_chain_hashes(data: bytes, step: int, start: int, n: int, parent: int | None) -> list[int]:
     """Hashes of blocks start..n-1 of `data` (blocks of `step` bytes), chained from `parent`
     (None: block `start` is a root)."""
     out: list[int] = []
@@ -79,6 +92,10 @@ def chain_hashes(data: bytes, step: int, start: int, n: int, parent: int | None)
         h = _xxh3(chunk, SEED) if h is None else _xxh3(h.to_bytes(8, "little") + chunk, SEED)
         append(h)
     return out
+
+
+block_hashes = native.block_hashes if native is not None else py_block_hashes
+chain_hashes = native.chain_hashes if native is not None else py_chain_hashes
 
 
 def block_hash(token_ids: Sequence[int], parent: int | None = None) -> int:

@@ -23,6 +23,10 @@ unknown event type, a bigram token cell, a field of another shape) goes through 
 path, which decodes generically and converts event by event: an event of an unknown type, or
 a known one with fields of the wrong shape, is skipped and counted in `DecodedBatch.skipped`;
 only a payload that is not a batch at all raises KvDecodeError.
+
+`decode_payload_packed` (what the subscriber uses) is the same, but leaves a BlockStored's
+token ids as their msgpack array (types.StoredPacked) for the index to hash in C;
+`decode_payload` gives them as lists.
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from switchyard.common.block_hash import native
 from switchyard.router.kv.errors import KvDecodeError
 from switchyard.router.kv.types import (
     CLEARED,
+    STORED,
     Cleared,
     ClearedMap,
     Record,
@@ -42,6 +48,8 @@ from switchyard.router.kv.types import (
     RemovedMap,
     Stored,
     StoredMap,
+    StoredPacked,
+    StoredPackedMap,
 )
 
 END_SEQ = 0xFFFF_FFFF_FFFF_FFFF  # sequence field of the replay end marker (-1 as int64)
@@ -55,38 +63,36 @@ class DecodedBatch(NamedTuple):
     skipped: int  # events of unknown type or malformed: not in `records`
 
 
-class _ArrayArray(msgspec.Struct, array_like=True, gc=False):
-    ts: Any
-    events: list[Stored | Removed | Cleared]
-    dp_rank: Any = None
+def _typed_decoders(stored: type[Stored], stored_map: type[Stored]) -> list[Any]:
+    """msgpack decoders of the four envelope/event shapes (array or map envelope, of array
+    or map events), for one pair of BlockStored classes."""
+    arrays = list[stored | Removed | Cleared]  # type: ignore[valid-type]
+    maps = list[stored_map | RemovedMap | ClearedMap]  # type: ignore[valid-type]
+
+    def decoder(array_envelope: bool, events: Any) -> Any:
+        fields: list[Any] = (
+            [("ts", Any), ("events", events), ("dp_rank", Any, None)]
+            if array_envelope
+            else [("events", events), ("ts", Any, None), ("data_parallel_rank", Any, None)]
+        )
+        batch = msgspec.defstruct("Batch", fields, array_like=array_envelope, gc=False)
+        return msgspec.msgpack.Decoder(batch)
+
+    return [
+        decoder(True, maps),
+        decoder(True, arrays),
+        decoder(False, maps),
+        decoder(False, arrays),
+    ]
 
 
-class _ArrayMap(msgspec.Struct, array_like=True, gc=False):
-    ts: Any
-    events: list[StoredMap | RemovedMap | ClearedMap]
-    dp_rank: Any = None
-
-
-class _MapMap(msgspec.Struct, gc=False):
-    events: list[StoredMap | RemovedMap | ClearedMap]
-    ts: Any = None
-    data_parallel_rank: Any = None
-
-
-class _MapArray(msgspec.Struct, gc=False):
-    events: list[Stored | Removed | Cleared]
-    ts: Any = None
-    data_parallel_rank: Any = None
-
-
-_TYPED: list[msgspec.msgpack.Decoder[Any]] = [
-    msgspec.msgpack.Decoder(_ArrayMap),
-    msgspec.msgpack.Decoder(_ArrayArray),
-    msgspec.msgpack.Decoder(_MapMap),
-    msgspec.msgpack.Decoder(_MapArray),
-]
+# In this order: the first two are array envelopes (`dp_rank`), the last two map envelopes.
+_TYPED = _typed_decoders(Stored, StoredMap)
+_PACKED = _typed_decoders(StoredPacked, StoredPackedMap)
 _generic = msgspec.msgpack.Decoder()
 _first = [0]  # index into _TYPED of the shape that decoded last (publishers keep one shape)
+_first_packed = [0]
+check_token_cells = native.check_token_cells if native is not None else None
 
 
 def split_frames(frames: Sequence[bytes]) -> tuple[int, bytes]:
@@ -105,24 +111,47 @@ def is_end_marker(seq: int, payload: bytes) -> bool:
 
 def decode_payload(payload: bytes) -> DecodedBatch:
     """Decode one batch payload. Raises KvDecodeError when it is not a batch."""
-    first = _first[0]
+    return _decode_typed(payload, _TYPED, _first) or _decode_lenient(payload)
+
+
+def decode_payload_packed(payload: bytes) -> DecodedBatch:
+    """As decode_payload, for the index: a BlockStored's token ids stay the msgpack array
+    they came as (`StoredPacked.token_ids`, a msgspec.Raw) when every cell is a token, so
+    the index hashes them in C without a Python int per token. The lenient path (a batch the
+    typed decoders refuse, or a cell that is not a token) gives lists, as decode_payload
+    does; so does a build without the C extension."""
+    if check_token_cells is None:
+        return decode_payload(payload)
+    batch = _decode_typed(payload, _PACKED, _first_packed)
+    if batch is None:
+        return _decode_lenient(payload)
+    try:
+        for record in batch.records:
+            if record.KIND == STORED:
+                check_token_cells(record.token_ids)  # type: ignore[attr-defined]
+    except (TypeError, ValueError):  # a cell _token refuses: the lenient path skips the event
+        return _decode_lenient(payload)
+    return batch
+
+
+def _decode_typed(
+    payload: bytes, decoders: list[Any], first_shape: list[int]
+) -> DecodedBatch | None:
+    """The batch by the first of the four typed shapes that fits (trying the one that worked
+    last first); None when none does."""
+    first = first_shape[0]
     for attempt in range(4):
         which = (first + attempt) & 3
         try:
-            batch = _TYPED[which].decode(payload)
+            batch = decoders[which].decode(payload)
         except msgspec.ValidationError:
             continue
         except msgspec.DecodeError as exc:
             raise KvDecodeError(f"undecodable KV-event payload: {exc}") from exc
-        _first[0] = which
+        first_shape[0] = which
         rank = batch.dp_rank if which < 2 else batch.data_parallel_rank
-        return DecodedBatch(
-            batch.ts,
-            batch.events,
-            rank if type(rank) is int else None,
-            0,  # type: ignore[arg-type]
-        )
-    return _decode_lenient(payload)
+        return DecodedBatch(batch.ts, batch.events, rank if type(rank) is int else None, 0)
+    return None
 
 
 def _decode_lenient(payload: bytes) -> DecodedBatch:

@@ -36,6 +36,8 @@ Rules:
   `extra_keys` (multimodal items) are not indexed (`skipped_namespace`): the engine hashed
   them with inputs a prompt's token ids do not carry.
 - A BlockStored whose token_ids do not cover its blocks exactly is skipped (`malformed_stored`).
+  Its token_ids are a list, or (StoredPacked, from the ZMQ decoder) the msgpack array as it
+  came, hashed from its bytes in C.
 - Index a prompt with the same block size as the engine's (Instance.block_size).
 
 Pure and synchronous: no I/O, no locks; callers apply batches from one event loop.
@@ -50,7 +52,9 @@ from itertools import repeat
 from operator import and_
 from typing import cast
 
-from switchyard.common.block_hash import block_hashes
+from msgspec import Raw
+
+from switchyard.common.block_hash import block_hashes, native
 from switchyard.router.kv.types import (
     CLEARED_KIND,
     REMOVED,
@@ -86,6 +90,61 @@ MAIN_ATTENTION_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_
 _RESIDENCY_AGENT = "kvcr"  # blocks a residency agent owns, not the engine's own cache
 _NONES: repeat[None] = repeat(None)
 _CHUNK = 32  # blocks hashed at a time by a lazy walk: at most this many hashed in vain
+# Packed token ids (types.StoredPacked) come only from a build with the C extension.
+if native is not None:
+    token_count = native.token_count
+    msgpack_block_hashes = native.msgpack_block_hashes
+_DONE, _ALIASES, _KNOWN = 0, 1, 2  # what store_new did
+
+
+def _store_new(
+    own_of: dict[EngineHash, int],
+    masks: dict[int, int],
+    engine_hashes: list[EngineHash],
+    owns: list[int],
+    bit: int,
+) -> int:
+    """A store's common case, as bulk dict operations. _KNOWN: an engine hash is held
+    already, nothing done. Else `own_of` maps the engine hashes to their router hashes, and
+    then _DONE: every router hash was new, each now has the worker's bit; _ALIASES: one was in
+    `masks` already, which is left to the caller. (_index.store_new, in C, where built.)"""
+    if not own_of.keys().isdisjoint(engine_hashes):
+        return _KNOWN
+    own_of.update(zip(engine_hashes, owns, strict=True))
+    if not masks.keys().isdisjoint(owns):
+        return _ALIASES
+    masks.update(zip(owns, repeat(bit)))
+    return _DONE
+
+
+def _remove_plain(
+    own_of: dict[EngineHash, int], masks: dict[int, int], engine_hashes: list[EngineHash], keep: int
+) -> None:
+    """A removal's common case (each engine hash one block of its own content: no copies, no
+    aliases): pop the engine hashes, clear the worker's bit (`keep`: its complement) from
+    their router hashes' masks, dropping masks left empty. (_index.remove_plain, in C.)"""
+    popped: list[int | None] = list(map(own_of.pop, engine_hashes, _NONES))
+    # None: unknown, a block we skipped or never saw stored
+    owns = cast(
+        "list[int]", [own for own in popped if own is not None] if None in popped else popped
+    )
+    left = list(map(and_, map(masks.__getitem__, owns), repeat(keep)))
+    if not any(left):  # held by this worker alone
+        deque(map(masks.__delitem__, owns), maxlen=0)
+    elif all(left):  # held by others too
+        masks.update(zip(owns, left, strict=True))
+    else:
+        for own, mask in zip(owns, left, strict=True):
+            if mask:
+                masks[own] = mask
+            else:
+                del masks[own]
+
+
+try:
+    from switchyard.router.kv._index import remove_plain, store_new
+except ImportError:  # pragma: no cover - installed without a C compiler
+    store_new, remove_plain = _store_new, _remove_plain
 
 
 def tier_of(medium: str | None, locality: str | None = None) -> int:
@@ -312,8 +371,10 @@ class KvIndex:
         n = len(engine_hashes)
         if n == 0:
             return
-        size = record.block_size or len(tokens) // n
-        if size <= 0 or len(tokens) != n * size:
+        packed = type(tokens) is Raw  # StoredPacked: the msgpack array, hashed from there
+        count = token_count(tokens) if packed else len(tokens)
+        size = record.block_size or count // n
+        if size <= 0 or count != n * size:
             counters.malformed_stored += 1
             return
         state = w.tiers[tier]
@@ -328,19 +389,20 @@ class KvIndex:
                     return
             parent = found
         try:
-            owns = block_hashes(tokens, size, parent)
+            if packed:
+                owns = msgpack_block_hashes(tokens, size, parent)
+            else:
+                owns = block_hashes(tokens, size, parent)
         except (TypeError, ValueError):  # token ids that are not u32
             counters.malformed_stored += 1
             return
         masks = self._masks[tier]
         bit = w.bit
         counters.blocks_stored += n
-        if own_of.keys().isdisjoint(engine_hashes):
-            own_of.update(zip(engine_hashes, owns, strict=True))
-            if masks.keys().isdisjoint(owns):
-                # The common case, new content: dict operations done in C, not per block.
-                masks.update(zip(owns, repeat(bit)))
-                return
+        stored = store_new(own_of, masks, engine_hashes, owns, bit)
+        if stored == _DONE:  # the common case, new content
+            return
+        if stored == _ALIASES:
             get = masks.get
             for own in owns:
                 held = get(own, 0)
@@ -382,25 +444,8 @@ class KvIndex:
         masks = self._masks[tier]
         bit = w.bit
         if not state.copies and not state.aliases:
-            # The common case: each engine hash is one block of its own content. Bulk dict
-            # operations in C (map over bound methods), no Python loop per block.
-            popped: list[int | None] = list(map(own_of.pop, record.block_hashes, _NONES))
-            # None: unknown, a block we skipped or never saw stored
-            owns = cast(
-                "list[int]",
-                [own for own in popped if own is not None] if None in popped else popped,
-            )
-            left = list(map(and_, map(masks.__getitem__, owns), repeat(~bit)))
-            if not any(left):  # held by this worker alone
-                deque(map(masks.__delitem__, owns), maxlen=0)
-            elif all(left):  # held by others too
-                masks.update(zip(owns, left, strict=True))
-            else:
-                for own, mask in zip(owns, left, strict=True):
-                    if mask:
-                        masks[own] = mask
-                    else:
-                        del masks[own]
+            # The common case: each engine hash is one block of its own content.
+            remove_plain(own_of, masks, record.block_hashes, ~bit)
             return
         copies = state.copies
         for engine_hash in record.block_hashes:

@@ -37,7 +37,7 @@ import zmq.asyncio
 from switchyard.router.kv.decode import (
     END_SEQ,
     DecodedBatch,
-    decode_payload,
+    decode_payload_packed,
     is_end_marker,
     split_frames,
 )
@@ -284,7 +284,7 @@ class KvStream:
         self._last = seq
         if type(message) is bytes:
             try:
-                batch = decode_payload(message)
+                batch = decode_payload_packed(message)
             except KvDecodeError as exc:
                 self._counters.decode_errors += 1
                 log.warning("kv events worker=%s seq=%d: %s", self.name, seq, exc)

@@ -5,9 +5,11 @@ never the reverse.
 Records are msgspec structs shaped as the engines' own events (vLLM's field order), so the ZMQ
 decoder turns a payload straight into them in C: `Stored`/`Removed`/`Cleared` are the
 tag-first array form, `StoredMap`/`RemovedMap`/`ClearedMap` (subclasses) the `"type"`-keyed
-map form; the gRPC source builds the array-form classes. Engine block hashes stay exactly as
-the engine sent them (an int of either sign, or bytes): they are only ever compared with other
-hashes of the same engine stream, so no normalization is needed on the hot path.
+map form; the gRPC source builds the array-form classes. `StoredPacked`/`StoredPackedMap` are
+BlockStored with its token ids left as msgpack bytes, for the index to hash in C. Engine block
+hashes stay exactly as the engine sent them (an int of either sign, or bytes): they are only
+ever compared with other hashes of the same engine stream, so no normalization is needed on
+the hot path.
 """
 
 from __future__ import annotations
@@ -47,6 +49,17 @@ class Stored(msgspec.Struct, array_like=True, tag="BlockStored", gc=False):
     ownership: str | None = None
 
 
+class StoredPacked(Stored, tag="BlockStored"):
+    """BlockStored as the index's decoder reads it (decode.decode_payload_packed):
+    `token_ids` is the msgpack array itself, unread, so no Python int is made per token; the
+    index hashes the blocks straight from it (switchyard.common._blockhash). Every cell is an
+    int or an [int, next] bigram (the decoder checked); other sources build `Stored` with a
+    list."""
+
+    # A Raw, not the list[int] of the base class: mypy sees the base's type.
+    token_ids: msgspec.Raw = msgspec.Raw(b"\x90")  # type: ignore[assignment]
+
+
 class Removed(msgspec.Struct, array_like=True, tag="BlockRemoved", gc=False):
     KIND: ClassVar[int] = REMOVED
     block_hashes: list[EngineHash]
@@ -62,6 +75,10 @@ class Cleared(msgspec.Struct, array_like=True, tag="AllBlocksCleared", gc=False)
 
 
 class StoredMap(Stored, array_like=False, tag_field="type", tag="BlockStored"):
+    pass
+
+
+class StoredPackedMap(StoredPacked, array_like=False, tag_field="type", tag="BlockStored"):
     pass
 
 

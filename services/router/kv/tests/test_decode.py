@@ -241,3 +241,58 @@ class TestMapEnvelope:
         batch = decode_payload(raw)
         assert [r.KIND for r in batch.records] == [0, 1]
         assert batch.dp_rank == 3
+
+
+class TestPackedTokenIds:
+    """decode_payload_packed: records as decode_payload's, BlockStored's token ids left as the
+    msgpack array (for the index's C hash) when every cell is a token."""
+
+    @pytest.fixture(autouse=True)
+    def _native(self):
+        from switchyard.common.block_hash import NATIVE
+
+        if not NATIVE:
+            pytest.skip("the C extension is not built: decode_payload_packed is decode_payload")
+
+    @staticmethod
+    def folded(record):
+        fields = as_dict(record)
+        tokens = fields.get("token_ids")
+        if type(tokens) is msgspec.Raw:
+            cells = msgspec.msgpack.decode(tokens)
+            fields["token_ids"] = [c[0] if type(c) is list else c for c in cells]
+        return fields
+
+    @pytest.mark.parametrize(
+        "events",
+        [
+            [stored_array([BIG, 2], None, [1, 2, 3, 4], 2), removed_array([3])],
+            [stored_map([5], BIG, [2**32 - 1, 0], 2, medium="CPU"), removed_map([5])],
+            [stored_array([1], None, [[5, 6], [7, "x"]], 2)],  # bigram cells
+            [stored_array([1], None, [1, -1], 2)],  # outside u32: the index's malformed event
+            [["BlockStored", [1], None]],  # no token ids: the default, an empty array
+        ],
+    )
+    def test_same_records_as_decode_payload(self, events):
+        from switchyard.router.kv.decode import decode_payload_packed
+
+        body = payload(events)
+        listed, packed = decode_payload(body), decode_payload_packed(body)
+        assert (packed.timestamp, packed.dp_rank, packed.skipped) == (
+            listed.timestamp,
+            listed.dp_rank,
+            listed.skipped,
+        )
+        assert [self.folded(r) for r in packed.records] == [as_dict(r) for r in listed.records]
+        assert all(
+            type(r.token_ids) is msgspec.Raw for r in packed.records if r.KIND == Stored.KIND
+        )
+
+    @pytest.mark.parametrize("cell", ["7", 1.5, None, True, [1], [1, 2, 3], ["a", 1]])
+    def test_a_cell_that_is_not_a_token_skips_its_event(self, cell):
+        from switchyard.router.kv.decode import decode_payload_packed
+
+        body = payload([stored_array([1], None, [1, cell], 2), cleared_array()])
+        batch = decode_payload_packed(body)
+        assert [r.KIND for r in batch.records] == [CLEARED.KIND]
+        assert batch.skipped == 1 == decode_payload(body).skipped

@@ -1,3 +1,8 @@
+import random
+
+import msgspec
+import pytest
+
 from switchyard.common.block_hash import block_hashes
 from switchyard.router.kv.index import OFFLOADED, KvIndex
 from switchyard.router.kv.types import CLEARED, Removed, Stored
@@ -474,3 +479,76 @@ class TestAliases:
         assert index.overlaps(OWN) == {W1: 2, W2: 4}
         assert len(index) == 6  # blocks 4 and 5 went with their only holder
         assert index.holders(OWN[3]) == {W2} and index.holders(OWN[4]) == set()
+
+
+class TestPackedTokenIds:
+    """The ZMQ path's BlockStored keeps its token ids as msgpack (decode_payload_packed, hashed
+    by the C extension): an index fed that way ends exactly as one fed token lists."""
+
+    @staticmethod
+    def random_payloads(rng, encoding: str, size: int) -> list[bytes]:
+        from switchyard.router.kv.tests.wire import payload, removed_array, removed_map
+
+        stored_event = stored_array_or_map(encoding)
+        payloads = []
+        held: list[int] = []
+        next_hash = 1
+        for _ in range(40):
+            events = []
+            for _ in range(rng.randrange(1, 4)):
+                n = rng.randrange(0, 4)
+                hashes = list(range(next_hash, next_hash + n))
+                next_hash += n
+                parent = rng.choice([None, held[-1] if held else None, 10**9])
+                cells: list = [rng.randrange(2**32) for _ in range(n * size)]
+                kind = rng.random()
+                if kind < 0.1 and cells:
+                    cells[rng.randrange(len(cells))] = rng.choice([-1, 2**32, 2**64 - 1])
+                elif kind < 0.15 and cells:
+                    cells[rng.randrange(len(cells))] = rng.choice(["7", 1.5, None, [1], [1, 2, 3]])
+                elif kind < 0.2:
+                    cells.append(5)  # a token more than the blocks cover
+                elif kind < 0.3:
+                    cells = [[c, rng.randrange(99)] for c in cells]  # Eagle bigram cells
+                block_size = 0 if rng.random() < 0.2 else size
+                events.append(stored_event(hashes, parent, cells, block_size))
+                held += hashes
+            if held and rng.random() < 0.3:
+                gone = [held.pop(rng.randrange(len(held))) for _ in range(min(3, len(held)))]
+                events.append(removed_array(gone) if encoding == "array" else removed_map(gone))
+            payloads.append(payload(events))
+        return payloads
+
+    @pytest.mark.parametrize("encoding", ["array", "map"])
+    @pytest.mark.parametrize("size", [1, 16, 32, 64, 128])
+    def test_same_index_as_token_lists(self, encoding, size):
+        from switchyard.common.block_hash import NATIVE
+        from switchyard.router.kv.decode import decode_payload, decode_payload_packed
+
+        if not NATIVE:
+            pytest.skip("the C extension is not built: both decoders give lists")
+        rng = random.Random(size)
+        payloads = self.random_payloads(rng, encoding, size)
+        by_list, by_packed = KvIndex(), KvIndex()
+        packed_seen = 0
+        for body in payloads:
+            for index, decode in ((by_list, decode_payload), (by_packed, decode_payload_packed)):
+                batch = decode(body)
+                index.counters.unknown_events += batch.skipped
+                index.apply_batch(W1, batch.records)
+            packed_seen += sum(
+                type(r.token_ids) is msgspec.Raw
+                for r in decode_payload_packed(body).records
+                if r.KIND == Stored.KIND
+            )
+        assert packed_seen > 0
+        assert by_packed.counters == by_list.counters
+        assert by_list.counters.malformed_stored > 0
+        assert by_packed._masks == by_list._masks
+        assert by_packed._workers[W1].tiers[0].own_of == by_list._workers[W1].tiers[0].own_of
+
+
+def stored_array_or_map(encoding: str):
+    from switchyard.router.kv.tests.wire import stored_array, stored_map
+
+    return stored_array if encoding == "array" else stored_map

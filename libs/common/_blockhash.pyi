@@ -1,0 +1,19 @@
+# The C extension's interface (libs/common/_blockhash.c), for mypy.
+from collections.abc import Sequence
+
+from msgspec import Raw
+
+SEED: int
+
+def xxh3_64(data: bytes | bytearray | memoryview, seed: int = 0, /) -> int: ...
+def chain_hashes(
+    data: bytes | bytearray | memoryview, step: int, start: int, n: int, parent: int | None, /
+) -> list[int]: ...
+def block_hashes(
+    token_ids: Sequence[int], block_size: int, parent: int | None = None
+) -> list[int]: ...
+def token_count(raw: Raw | bytes, /) -> int: ...
+def check_token_cells(raw: Raw | bytes, /) -> int: ...
+def msgpack_block_hashes(
+    raw: Raw | bytes, block_size: int, parent: int | None = None
+) -> list[int]: ...
