@@ -21,7 +21,8 @@ BUILD_REQUIRES := $(PY) -c 'import tomllib; print("\n".join(tomllib.load(open("p
 
 .PHONY: install run test unit e2e lint bench clean lock compose-test base-image
 
-$(STAMP): $(DEV_LOCK) pyproject.toml
+# The C extensions' sources too: the editable install builds them in place.
+$(STAMP): $(DEV_LOCK) pyproject.toml $(wildcard libs/common/*.c services/router/kv/*.c)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --require-hashes -r $(DEV_LOCK)
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
