@@ -33,6 +33,15 @@ SUBCOMMANDS = {
 }
 CONFIG = "config"
 
+# The gRPC core settings of the commands that dial engines, set before grpc is first imported
+# (an operator's own value wins). `-event_engine_client` puts client channels on gRPC's iomgr
+# poller, which reads a stream's messages in the thread that waits for them; the EventEngine
+# client hands each message across three of its threads first. Against the mock engine
+# (bench/hops.py grpc, variant aio-noee): 0.45x the wake-ups and 0.75-0.80x the CPU per
+# streamed message at concurrency 1, 32 and 128. The mock engine, a server, keeps the defaults.
+GRPC_CLIENT_ENV = {"GRPC_EXPERIMENTS": "-event_engine_client"}
+GRPC_CLIENTS = frozenset({"fleet", "router", "dispatcher", "preprocessor", "kv-proxy"})
+
 
 def version() -> str:
     try:
@@ -211,6 +220,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name == CONFIG and argv[0] == CONFIG:
             return _config_command(argv[1:])
         if name in SUBCOMMANDS and argv[0] == name:
+            if name in GRPC_CLIENTS:
+                for key, value in GRPC_CLIENT_ENV.items():
+                    os.environ.setdefault(key, value)
             args, _ = resolve(name, argv[1:])
             return int(importlib.import_module(args._module).run(args) or 0)
     except ConfigError as exc:
