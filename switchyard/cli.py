@@ -33,14 +33,17 @@ SUBCOMMANDS = {
 }
 CONFIG = "config"
 
-# The gRPC core settings of the commands that dial engines, set before grpc is first imported
-# (an operator's own value wins). `-event_engine_client` puts client channels on gRPC's iomgr
-# poller, which reads a stream's messages in the thread that waits for them; the EventEngine
-# client hands each message across three of its threads first. Against the mock engine
-# (bench/hops.py grpc, variant aio-noee): 0.45x the wake-ups and 0.75-0.80x the CPU per
-# streamed message at concurrency 1, 32 and 128. The mock engine, a server, keeps the defaults.
+# The gRPC core settings of the commands whose engine calls are polls and probes, set before
+# grpc is first imported (an operator's own value wins). `-event_engine_client` puts client
+# channels on gRPC's iomgr poller, which reads in the thread that waits for the replies; the
+# EventEngine client hands each message across three of its threads first. Idle, fleet and
+# router wake 0.5-0.7x as often (their GetLoads polls and probes). The dispatcher keeps the
+# EventEngine: on its Generate streams iomgr took 0.75-0.80x the CPU per message
+# (bench/hops.py grpc, variant aio-noee) but the stack's TTFT and throughput at concurrency 32
+# came out worse (load.py against smg, 3 alternating runs; and side by side with the same
+# stack, 3-6% longer walls). The mock engine, a server, keeps the defaults.
 GRPC_CLIENT_ENV = {"GRPC_EXPERIMENTS": "-event_engine_client"}
-GRPC_CLIENTS = frozenset({"fleet", "router", "dispatcher", "preprocessor", "kv-proxy"})
+GRPC_CLIENTS = frozenset({"fleet", "router", "preprocessor", "kv-proxy"})
 
 
 def version() -> str:
