@@ -39,9 +39,9 @@ CONFIG = "config"
 # EventEngine client hands each message across three of its threads first. Idle, fleet and
 # router wake 0.5-0.7x as often (their GetLoads polls and probes). The dispatcher keeps the
 # EventEngine: on its Generate streams iomgr took 0.75-0.80x the CPU per message
-# (bench/hops.py grpc, variant aio-noee) but the stack's TTFT and throughput at concurrency 32
-# came out worse (load.py against smg, 3 alternating runs; and side by side with the same
-# stack, 3-6% longer walls). The mock engine, a server, keeps the defaults.
+# (bench/hops.py grpc, variant aio-noee) and the stack 0.85-0.9x the CPU per request, but
+# TTFT at concurrency 32 (against smg, load.py) came out worse in 5 of 5 alternating pairs;
+# the mock engine, a server, keeps the defaults.
 GRPC_CLIENT_ENV = {"GRPC_EXPERIMENTS": "-event_engine_client"}
 GRPC_CLIENTS = frozenset({"fleet", "router", "preprocessor", "kv-proxy"})
 
