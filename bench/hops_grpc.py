@@ -12,6 +12,8 @@ Variants (see VARIANTS; the default set is DEFAULT_VARIANTS):
   aio-read         the same channel, `await call.read()` instead of `async for`
   aio-x4           four channels per engine (own subchannels), streams spread over them
   poll             aio with GRPC_POLL_STRATEGY=poll
+  aio-noee         aio with GRPC_EXPERIMENTS=-event_engine_client (the client channel on
+                   gRPC's iomgr poller instead of the EventEngine's thread pool)
   aio-nochannelz, aio-nobdp, aio-minimal, aio-noreuseport, aio-nocompress
                    aio with one more channel option: grpc.enable_channelz 0,
                    grpc.http2.bdp_probe 0, grpc.minimal_stack 1, grpc.so_reuseport 0,
@@ -187,6 +189,11 @@ VARIANTS: dict[str, Variant] = {
     ),
     "aio-x4": Variant(lambda url: AioEngine(url, channels=4), note="4 channels per engine"),
     "poll": Variant(lambda url: AioEngine(url), env={"GRPC_POLL_STRATEGY": "poll"}),
+    "aio-noee": Variant(
+        lambda url: AioEngine(url),
+        env={"GRPC_EXPERIMENTS": "-event_engine_client"},
+        note="GRPC_EXPERIMENTS=-event_engine_client",
+    ),
     "sync-st": Variant(
         lambda url: SyncThreaded(url, True), note="sync stub, SingleThreadedUnaryStream, threads"
     ),

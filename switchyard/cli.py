@@ -33,6 +33,18 @@ SUBCOMMANDS = {
 }
 CONFIG = "config"
 
+# The gRPC core settings of the commands whose engine calls are polls and probes, set before
+# grpc is first imported (an operator's own value wins). `-event_engine_client` puts client
+# channels on gRPC's iomgr poller, which reads in the thread that waits for the replies; the
+# EventEngine client hands each message across three of its threads first. Idle, fleet and
+# router wake 0.5-0.7x as often (their GetLoads polls and probes). The dispatcher keeps the
+# EventEngine: on its Generate streams iomgr took 0.75-0.80x the CPU per message
+# (bench/hops.py grpc, variant aio-noee) and the stack 0.85-0.9x the CPU per request, but
+# TTFT at concurrency 32 (against smg, load.py) came out worse in 5 of 5 alternating pairs;
+# the mock engine, a server, keeps the defaults.
+GRPC_CLIENT_ENV = {"GRPC_EXPERIMENTS": "-event_engine_client"}
+GRPC_CLIENTS = frozenset({"fleet", "router", "preprocessor", "kv-proxy"})
+
 
 def version() -> str:
     try:
@@ -211,6 +223,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name == CONFIG and argv[0] == CONFIG:
             return _config_command(argv[1:])
         if name in SUBCOMMANDS and argv[0] == name:
+            if name in GRPC_CLIENTS:
+                for key, value in GRPC_CLIENT_ENV.items():
+                    os.environ.setdefault(key, value)
             args, _ = resolve(name, argv[1:])
             return int(importlib.import_module(args._module).run(args) or 0)
     except ConfigError as exc:

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
+import threading
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from switchyard.common.ports import PortRange, bind_in_range
 
@@ -65,6 +69,34 @@ def add_metrics_arguments(parser: argparse.ArgumentParser, service: str) -> None
     )
 
 
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base's name
+        """No line per scrape."""
+
+
+# How often the server thread wakes to look for a shutdown() nobody calls (it is a daemon
+# thread): prometheus_client's start_http_server polls every 0.5 s, 2 wake-ups a second of
+# every idle service. Requests are answered as they come either way.
+POLL_INTERVAL_S = 3600.0
+
+
+def start_server(port: int, host: str, registry: CollectorRegistry) -> threading.Thread:
+    """prometheus_client's start_http_server (a thread per scrape, no request log, the
+    address family of `host`), with a server thread that sleeps until a request comes."""
+    family, _, _, _, sockaddr = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    server_class = type("MetricsServer", (ThreadingWSGIServer,), {"address_family": family})
+    httpd = make_server(
+        str(sockaddr[0]), port, make_wsgi_app(registry), server_class, handler_class=_Quiet
+    )
+    thread = threading.Thread(
+        target=httpd.serve_forever, kwargs={"poll_interval": POLL_INTERVAL_S}, daemon=True
+    )
+    thread.start()
+    return thread
+
+
 def serve_metrics(
     registry: CollectorRegistry, host: str, port: int | None, ports: PortRange | None = None
 ) -> int | None:
@@ -73,7 +105,7 @@ def serve_metrics(
         return None
 
     def attempt(candidate: int) -> int:
-        start_http_server(candidate, addr=host, registry=registry)
+        start_server(candidate, host, registry)
         return candidate
 
     if port == 0:

@@ -91,9 +91,10 @@ class AsgiOut:
     async def write(self, data: bytes) -> None:
         await self._send({"type": "http.response.body", "body": data, "more_body": True})
 
-    async def end_stream(self) -> None:
+    async def end_stream(self, data: bytes = b"") -> None:
+        """The body's last bytes (if any) and its end, in one message: one write."""
         self.done = True
-        await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+        await self._send({"type": "http.response.body", "body": data, "more_body": False})
 
     async def respond(
         self, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None

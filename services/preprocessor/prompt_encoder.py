@@ -14,7 +14,8 @@ lower bound that costs no tokenization (a 31 MB prompt is refused in microsecond
 prompt that passes it is tokenized in growing prefixes (cut at a space) and refused as soon
 as a prefix alone holds more tokens than the budget.
 
-Long texts are tokenized on a worker thread through `encode_batch`, which releases the GIL.
+Long texts are tokenized on a worker thread through `encode_batch_fast`, which releases the
+GIL.
 """
 
 from __future__ import annotations
@@ -172,11 +173,13 @@ class PromptEncoder:
             raise PromptTooLong(at_least)
 
     def _encode_checked(self, texts: list[str], budget: int) -> list[list[int]]:
-        """encode_batch, after refusing a text whose prefix alone is over the budget (the
-        PromptTooLong counts this text's tokens only)."""
+        """encode_batch_fast, after refusing a text whose prefix alone is over the budget (the
+        PromptTooLong counts this text's tokens only). The fast variant computes no character
+        offsets, which nothing here reads: the same ids for 18% (a 66-token prompt) to 27% (a
+        25k-token one) less CPU; it releases the GIL as encode_batch does."""
         for text in texts:
             self._check_prefixes(text, budget)
-        return [e.ids for e in self._tokenizer.encode_batch(texts, add_special_tokens=False)]
+        return [e.ids for e in self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
 
     def _check_prefixes(self, text: str, budget: int) -> None:
         # Prefixes of 2x, 4x, ... the budget in characters; each costs what it tokenizes, so
@@ -185,7 +188,8 @@ class PromptEncoder:
         while cut < len(text) // 2:
             at = text.rfind(" ", cut - 256, cut)
             prefix = text[: at if at > 0 else cut]
-            count = len(self._tokenizer.encode_batch([prefix], add_special_tokens=False)[0].ids)
+            encoded = self._tokenizer.encode_batch_fast([prefix], add_special_tokens=False)
+            count = len(encoded[0].ids)
             if count - CUT_SLACK > budget:
                 raise PromptTooLong(count - CUT_SLACK)
             cut *= 2

@@ -89,6 +89,40 @@ class TestLazyImports:
         assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
+class TestGrpcClientEnv:
+    """The commands whose engine calls are polls and probes run gRPC with GRPC_CLIENT_ENV
+    unless the operator set the variable; the dispatcher and the mock engine keep gRPC's
+    defaults."""
+
+    @staticmethod
+    def experiments(command: str, environ: dict[str, str]) -> str:
+        code = (
+            "import os\n"
+            "from switchyard.cli import main\n"
+            f"try:\n    main([{command!r}, '--version'])\n"
+            "except SystemExit:\n    pass\n"
+            "print(os.environ.get('GRPC_EXPERIMENTS', '-'))"
+        )
+        env = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"} | environ
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+            check=True, env=env,
+        )  # fmt: skip
+        return out.stdout.strip().splitlines()[-1]
+
+    @pytest.mark.parametrize("command", sorted(cli.GRPC_CLIENTS))
+    def test_clients_get_it(self, command):
+        assert self.experiments(command, {}) == cli.GRPC_CLIENT_ENV["GRPC_EXPERIMENTS"]
+
+    def test_the_dispatcher_mock_engine_and_up_do_not(self):
+        assert self.experiments("dispatcher", {}) == "-"
+        assert self.experiments("mock-engine", {}) == "-"
+        assert self.experiments("up", {}) == "-"
+
+    def test_the_operators_value_wins(self):
+        assert self.experiments("router", {"GRPC_EXPERIMENTS": "x"}) == "x"
+
+
 class TestConfigPrint:
     def test_flag_over_env_over_file_over_default(self, tmp_path: Path):
         config = tmp_path / "switchyard.yaml"

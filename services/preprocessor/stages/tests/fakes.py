@@ -123,7 +123,9 @@ class FakeHttp:
     async def write(self, data: bytes) -> None:
         self.writes.append(data)
 
-    async def end_stream(self) -> None:
+    async def end_stream(self, data: bytes = b"") -> None:
+        if data:
+            self.writes.append(data)
         self.ended = True
 
     async def respond(self, status: int, body: bytes) -> None:
