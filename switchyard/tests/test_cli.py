@@ -90,9 +90,8 @@ class TestLazyImports:
 
 
 class TestGrpcClientEnv:
-    """The commands whose engine calls are polls and probes run gRPC with GRPC_CLIENT_ENV
-    unless the operator set the variable; the dispatcher and the mock engine keep gRPC's
-    defaults."""
+    """The commands that dial engines run gRPC with GRPC_CLIENT_ENV unless the operator set
+    the variable; the mock engine keeps gRPC's defaults."""
 
     @staticmethod
     def experiments(command: str, environ: dict[str, str]) -> str:
@@ -114,8 +113,7 @@ class TestGrpcClientEnv:
     def test_clients_get_it(self, command):
         assert self.experiments(command, {}) == cli.GRPC_CLIENT_ENV["GRPC_EXPERIMENTS"]
 
-    def test_the_dispatcher_mock_engine_and_up_do_not(self):
-        assert self.experiments("dispatcher", {}) == "-"
+    def test_the_mock_engine_and_up_do_not(self):
         assert self.experiments("mock-engine", {}) == "-"
         assert self.experiments("up", {}) == "-"
 
