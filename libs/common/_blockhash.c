@@ -362,6 +362,52 @@ static int parse_parent(PyObject *parent, int *has_parent, uint64_t *value)
     return 0;
 }
 
+/* A chain of `n` blocks of `block_size` tokens being hashed one by one: the caller writes a
+ * block's tokens at `block.buf + 8` (u32 little-endian), then chain_push hashes it. */
+typedef struct {
+    BlockBuf block;
+    int has_parent;
+    PyObject *out; /* the hashes: a list of n slots */
+} Chain;
+
+/* 0, or -1 with an exception (then chain_close still has to be called). */
+static int chain_open(Chain *c, PyObject *parent, Py_ssize_t n, Py_ssize_t block_size)
+{
+    uint64_t h = 0;
+    c->block.buf = NULL;
+    c->has_parent = 0;
+    c->out = NULL;
+    if (n > 0 && parse_parent(parent, &c->has_parent, &h) < 0)
+        return -1;
+    if (blockbuf_init(&c->block, block_size) < 0)
+        return -1;
+    c->out = PyList_New(n);
+    if (c->out == NULL)
+        return -1;
+    write64(c->block.buf, h);
+    return 0;
+}
+
+/* Hashes block `i` (its tokens written), chained to the one before. */
+static inline int chain_push(Chain *c, Py_ssize_t i, Py_ssize_t block_size)
+{
+    uint8_t *buf = c->block.buf;
+    uint64_t h = c->has_parent ? block_hash(buf, 8 + 4 * (size_t)block_size)
+                               : block_hash(buf + 8, 4 * (size_t)block_size);
+    c->has_parent = 1;
+    return put_hash(c->out, i, h, buf);
+}
+
+/* The hash list, or NULL (with the exception set) when `failed`. */
+static PyObject *chain_close(Chain *c, int failed)
+{
+    if (c->block.buf != NULL)
+        blockbuf_free(&c->block);
+    if (failed)
+        Py_CLEAR(c->out);
+    return c->out;
+}
+
 static PyObject *py_xxh3_64(PyObject *self, PyObject *args)
 {
     Py_buffer data;
@@ -498,42 +544,22 @@ static PyObject *py_block_hashes(PyObject *self, PyObject *args, PyObject *kwarg
     PyObject *seq = PySequence_Fast(tokens, "token_ids must be a sequence");
     if (seq == NULL)
         return NULL;
-    PyObject *out = NULL;
-    BlockBuf block = {.buf = NULL};
-    int has_parent = 0;
-    uint64_t h = 0;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq) / block_size;
-    if (n > 0 && parse_parent(parent, &has_parent, &h) < 0)
-        goto done;
-    if (blockbuf_init(&block, block_size) < 0)
-        goto done;
-    out = PyList_New(n);
-    if (out == NULL)
-        goto done;
     PyObject **items = PySequence_Fast_ITEMS(seq);
-    write64(block.buf, h);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        uint8_t *dst = block.buf + 8;
+    Chain chain;
+    int failed = chain_open(&chain, parent, n, block_size) < 0;
+    for (Py_ssize_t i = 0; i < n && !failed; i++) {
+        uint8_t *dst = chain.block.buf + 8;
         PyObject **cells = items + i * block_size;
-        for (Py_ssize_t t = 0; t < block_size; t++) {
+        for (Py_ssize_t t = 0; t < block_size && !failed; t++) {
             uint32_t token;
-            if (token_u32(cells[t], &token) < 0) {
-                Py_CLEAR(out);
-                goto done;
-            }
-            write32(dst + 4 * t, token);
+            failed = token_u32(cells[t], &token) < 0;
+            if (!failed)
+                write32(dst + 4 * t, token);
         }
-        h = has_parent ? block_hash(block.buf, 8 + 4 * (size_t)block_size)
-                       : block_hash(block.buf + 8, 4 * (size_t)block_size);
-        has_parent = 1;
-        if (put_hash(out, i, h, block.buf) < 0) {
-            Py_CLEAR(out);
-            goto done;
-        }
+        failed = failed || chain_push(&chain, i, block_size) < 0;
     }
-done:
-    if (block.buf != NULL)
-        blockbuf_free(&block);
+    PyObject *out = chain_close(&chain, failed);
     Py_DECREF(seq);
     return out;
 }
@@ -832,42 +858,23 @@ static PyObject *py_msgpack_block_hashes(PyObject *self, PyObject *args, PyObjec
     int64_t count = raw_header(&r, raw, &view);
     if (count < 0)
         return NULL;
-    PyObject *out = NULL;
-    BlockBuf block = {.buf = NULL};
-    int has_parent = 0;
-    uint64_t h = 0;
     Py_ssize_t n = (Py_ssize_t)(count / block_size);
-    if (n > 0 && parse_parent(parent, &has_parent, &h) < 0)
-        goto done;
-    if (blockbuf_init(&block, block_size) < 0)
-        goto done;
-    out = PyList_New(n);
-    if (out == NULL)
-        goto done;
-    write64(block.buf, h);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        uint8_t *dst = block.buf + 8;
-        for (Py_ssize_t t = 0; t < block_size; t++) {
+    Chain chain;
+    int failed = chain_open(&chain, parent, n, block_size) < 0;
+    for (Py_ssize_t i = 0; i < n && !failed; i++) {
+        uint8_t *dst = chain.block.buf + 8;
+        for (Py_ssize_t t = 0; t < block_size && !failed; t++) {
             uint32_t token;
             int status = read_cell(&r, &token);
-            if (status != CELL_OK) {
+            failed = status != CELL_OK;
+            if (failed)
                 cell_error(status);
-                Py_CLEAR(out);
-                goto done;
-            }
-            write32(dst + 4 * t, token);
+            else
+                write32(dst + 4 * t, token);
         }
-        h = has_parent ? block_hash(block.buf, 8 + 4 * (size_t)block_size)
-                       : block_hash(block.buf + 8, 4 * (size_t)block_size);
-        has_parent = 1;
-        if (put_hash(out, i, h, block.buf) < 0) {
-            Py_CLEAR(out);
-            goto done;
-        }
+        failed = failed || chain_push(&chain, i, block_size) < 0;
     }
-done:
-    if (block.buf != NULL)
-        blockbuf_free(&block);
+    PyObject *out = chain_close(&chain, failed);
     PyBuffer_Release(&view);
     return out;
 }
