@@ -53,6 +53,7 @@ from switchyard.common.ports import (
 from switchyard.common.workers import worker_flag
 from switchyard.dispatcher.channels import DEFAULT_DRAIN_TIMEOUT
 from switchyard.dispatcher.cli import seconds
+from switchyard.dispatcher.service import ENGINE_STREAMS, ENGINE_STREAMS_HTTP2
 from switchyard.preprocessor.auth import ADMIN_TOKEN_ENV, KEYS_ENV, keys_from_env
 from switchyard.preprocessor.cli import add_guardrail_arguments
 from switchyard.preprocessor.serving import BACKSTOP_S
@@ -202,6 +203,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="the dispatchers': streams of an engine that left the routable set (removed, "
         f"drained, down) may finish this long, then migrate (default {DEFAULT_DRAIN_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--engine-streams",
+        choices=ENGINE_STREAMS,
+        default=ENGINE_STREAMS_HTTP2,
+        help="the dispatchers': how Generate streams reach the engines (http2: the event "
+        "loop's own HTTP/2 connection; grpc: a grpc.aio channel; default "
+        f"{ENGINE_STREAMS_HTTP2})",
     )
     add_guardrail_arguments(parser)  # passed to every preprocessor (--shutdown-grace: too)
     add_engine_tls_arguments(parser)  # passed to fleet, routers, dispatchers, preprocessors
@@ -399,6 +408,7 @@ class Launcher:
             cmd = ["dispatcher", "--bind", report["bind"] if report else LOCAL, *fleet_flags]
             cmd += ["--drain-timeout", str(args.drain_timeout), *tls]
             cmd += ["--shutdown-grace", str(args.shutdown_grace)]
+            cmd += ["--engine-streams", args.engine_streams]
             return cmd + self._metrics(report)
 
         middle = [(f"router-{i}", router(i)) for i in range(args.routers)]

@@ -50,12 +50,15 @@ class ChannelPool:
         drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
         on_drain_timeout: OnDrainTimeout | None = None,
         tls: EngineTls | None = None,
+        *,
+        http2_streams: bool = True,
     ) -> None:
         if drain_timeout < 0:
             raise ValueError(f"the drain timeout must be >= 0, got {drain_timeout}")
         self.drain_timeout = drain_timeout
         self._on_drain_timeout = on_drain_timeout
         self._tls = tls
+        self._http2 = http2_streams  # Generate streams on the loop's HTTP/2 (engines/http2.py)
         self._live: dict[int, _Entry] = {}
         self._draining: dict[int, list[_Entry]] = {}  # instance id -> its draining clients
         self._by_client: dict[int, _Entry] = {}  # id(client) -> entry, live or draining
@@ -108,7 +111,9 @@ class ChannelPool:
                         len(revived.streams),
                     )
                     continue
-                client = client_for(inst.protocol, inst.url, inst.instance_id, self._tls)
+                client = client_for(
+                    inst.protocol, inst.url, inst.instance_id, self._tls, http2_streams=self._http2
+                )
                 entry = _Entry(client, inst.instance_id, inst.url)
                 self._live[inst.instance_id] = entry
                 self._by_client[id(client)] = entry

@@ -15,6 +15,8 @@ from switchyard.dispatcher.channels import DEFAULT_DRAIN_TIMEOUT
 from switchyard.dispatcher.service import (
     DEFAULT_SHUTDOWN_GRACE,
     DEFAULT_STALL_TIMEOUT,
+    ENGINE_STREAMS,
+    ENGINE_STREAMS_HTTP2,
     DispatcherService,
 )
 
@@ -61,6 +63,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="on SIGTERM, running streams may finish this long; the rest then fail to migrate "
         f"through another dispatcher (default {DEFAULT_SHUTDOWN_GRACE:g})",
     )
+    parser.add_argument(
+        "--engine-streams",
+        choices=ENGINE_STREAMS,
+        default=ENGINE_STREAMS_HTTP2,
+        help="how Generate streams reach the engines: http2, the event loop's own HTTP/2 "
+        "connection (about half the CPU per token), or grpc, a grpc.aio channel; other calls "
+        f"always use gRPC's channel (default {ENGINE_STREAMS_HTTP2})",
+    )
     add_engine_tls_arguments(parser)
     add_metrics_arguments(parser, "dispatcher")
     add_port_arguments(parser)
@@ -83,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
             drain_timeout=args.drain_timeout,
             shutdown_grace=args.shutdown_grace,
             tls=tls,
+            engine_streams=args.engine_streams,
         )
         metrics_port = serve_metrics(
             service.metrics.registry, args.metrics_host, args.metrics_port, args.port_range

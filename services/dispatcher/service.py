@@ -44,6 +44,10 @@ log = logging.getLogger(__name__)
 # still run, and its streams that wait for their first token go with them.
 DEFAULT_STALL_TIMEOUT = 4.0
 DEFAULT_SHUTDOWN_GRACE = 30.0
+# How Generate streams reach engines: the loop's own HTTP/2 connection (engines/http2.py: about
+# half the CPU per token of grpc.aio, bench/hops.py grpc) or the grpc.aio channel.
+ENGINE_STREAMS_HTTP2 = "http2"
+ENGINE_STREAMS = (ENGINE_STREAMS_HTTP2, "grpc")
 
 
 class DispatcherService:
@@ -57,6 +61,7 @@ class DispatcherService:
         drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
         shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
         tls: EngineTls | None = None,
+        engine_streams: str = ENGINE_STREAMS_HTTP2,
     ) -> None:
         if shutdown_grace < 0:
             raise ValueError(f"--shutdown-grace must be >= 0, got {shutdown_grace}")
@@ -66,7 +71,14 @@ class DispatcherService:
         self.shutdown_grace = shutdown_grace
         self._by_instance: dict[int, set[tuple[bytes, str]]] = {}
         self.metrics = DispatcherMetrics()
-        self.pool = ChannelPool(drain_timeout, self._fail_drained, tls)
+        if engine_streams not in ENGINE_STREAMS:
+            raise ValueError(f"--engine-streams must be one of {ENGINE_STREAMS}")
+        self.pool = ChannelPool(
+            drain_timeout,
+            self._fail_drained,
+            tls,
+            http2_streams=engine_streams == ENGINE_STREAMS_HTTP2,
+        )
         self.fleet = FleetClient(fleet_control, fleet_events, on_change=self._on_fleet_change)
         self._ctx = zmq.asyncio.Context()
         self._io: LoopSocket | None = None

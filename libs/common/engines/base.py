@@ -17,6 +17,7 @@ from smg_grpc_proto.generated import common_pb2
 
 from switchyard.common import errors
 from switchyard.common.engines import wire
+from switchyard.common.engines.http2 import Http2Streams
 from switchyard.common.errors import EngineError
 from switchyard.protos.messages import (
     DeltaDetail,
@@ -123,18 +124,34 @@ def _caller_cancelled() -> bool:
 
 
 class EngineClient(abc.ABC):
-    """One engine behind one gRPC channel. Methods raise EngineError with a kind."""
+    """One engine behind one gRPC channel. Methods raise EngineError with a kind.
+
+    With `streams` (http2.Http2Streams), Generate streams go over the loop's own HTTP/2
+    connection instead of the channel (the dispatcher's per-token path); every other call
+    stays on the channel."""
 
     protocol: ClassVar[str]
     service_name: ClassVar[str]
 
-    def __init__(self, channel: grpc.aio.Channel, instance_id: int | None = None) -> None:
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        instance_id: int | None = None,
+        streams: Http2Streams | None = None,
+    ) -> None:
         self.channel = channel
         self.instance_id = instance_id
+        self.streams = streams
         self.closed = False  # close() was called: every call on it fails (disconnected)
+        if streams is not None:
+            streams.instance_id = instance_id
+            self._generate_path = f"/{self.service_name}/Generate"
+            self._decode_reply = self.proto.GenerateResponse.FromString
 
     async def close(self) -> None:
         self.closed = True
+        if self.streams is not None:
+            await self.streams.close()
         await self.channel.close()
 
     def _error(self, exc: BaseException) -> EngineError:
@@ -257,6 +274,15 @@ class EngineClient(abc.ABC):
         return self._generate_detailed(request, built)
 
     def _call(self, built: Any, metadata: tuple[tuple[str, str], ...] | None = None) -> Any:
+        """The Generate call: a grpc.aio call, or an http2.StreamCall (both iterate the
+        replies and have cancel(); the StreamCall raises EngineErrors itself)."""
+        streams = self.streams
+        if streams is not None:
+            if self.closed:
+                raise self._closed()
+            return streams.call(
+                self._generate_path, built.SerializeToString(), self._decode_reply, metadata
+            )
         try:
             return self.stub.Generate(built, metadata=metadata)
         except grpc.aio.UsageError:  # the channel was closed (instance removed)

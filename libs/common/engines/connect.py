@@ -10,7 +10,13 @@ from __future__ import annotations
 import grpc
 
 from switchyard.common import errors
-from switchyard.common.engines.base import CHANNEL_OPTIONS, EngineClient
+from switchyard.common.engines.base import (
+    CHANNEL_OPTIONS,
+    KEEPALIVE_TIME_MS,
+    KEEPALIVE_TIMEOUT_MS,
+    EngineClient,
+)
+from switchyard.common.engines.http2 import Http2Streams
 from switchyard.common.engines.sglang import SglangClient
 from switchyard.common.engines.tls import TLS_SCHEME, EngineTls
 from switchyard.common.engines.vllm import VllmClient
@@ -37,11 +43,37 @@ def open_channel(url: str, tls: EngineTls | None = None) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
 
 
+def open_streams(url: str, tls: EngineTls | None = None) -> Http2Streams:
+    """The HTTP/2 streams transport to the engine at `url` (TLS as open_channel's)."""
+    host, _, port = grpc_target(url).rpartition(":")
+    host = host.strip("[]")  # an IPv6 literal
+    if not is_tls(url):
+        context, server_name = None, None
+    else:
+        tls = tls or EngineTls()
+        context, server_name = tls.ssl_context(), tls.server_name or host
+    return Http2Streams(
+        host,
+        int(port),
+        ssl_context=context,
+        server_hostname=server_name,
+        keepalive_time=KEEPALIVE_TIME_MS / 1000,
+        keepalive_timeout=KEEPALIVE_TIMEOUT_MS / 1000,
+    )
+
+
 def client_for(
-    protocol: str, url: str, instance_id: int | None = None, tls: EngineTls | None = None
+    protocol: str,
+    url: str,
+    instance_id: int | None = None,
+    tls: EngineTls | None = None,
+    *,
+    http2_streams: bool = False,
 ) -> EngineClient:
-    """A client for an engine whose family is already known (the dispatcher's case)."""
-    return CLIENTS[protocol](open_channel(url, tls), instance_id)
+    """A client for an engine whose family is already known (the dispatcher's case);
+    `http2_streams`: its Generate streams on the loop's own HTTP/2 connection (http2.py)."""
+    streams = open_streams(url, tls) if http2_streams else None
+    return CLIENTS[protocol](open_channel(url, tls), instance_id, streams)
 
 
 _TLS_HINTS = ("ssl", "tls", "handshake", "certificate", "x509")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ssl
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +58,25 @@ class EngineTls:
             private_key=self.key,
             certificate_chain=self.cert,
         )
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The same trust and client certificate for an asyncio TLS connection (ALPN h2,
+        as gRPC requires)."""
+        roots = self.ca if self.ca is not None else system_roots()
+        if roots is not None:
+            context = ssl.create_default_context(cadata=roots.decode())
+        else:
+            context = ssl.create_default_context()
+        if self.cert is not None and self.key is not None:
+            # ssl loads a certificate chain from files only: a private folder, gone at once.
+            with tempfile.TemporaryDirectory(prefix="switchyard-tls-") as folder:
+                cert, key = Path(folder) / "cert.pem", Path(folder) / "key.pem"
+                cert.write_bytes(self.cert)
+                key.touch(mode=0o600)
+                key.write_bytes(self.key)
+                context.load_cert_chain(cert, key)
+        context.set_alpn_protocols(["h2"])
+        return context
 
     def options(self) -> list[tuple[str, str]]:
         if self.server_name is None:

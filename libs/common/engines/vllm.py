@@ -21,6 +21,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 
 from switchyard.common.engines import wire
 from switchyard.common.engines.base import EngineClient, EngineInfo
+from switchyard.common.engines.http2 import Http2Streams
 from switchyard.protos import messages as m
 from switchyard.protos.messages import (
     PROTOCOL_VLLM,
@@ -59,8 +60,13 @@ class VllmClient(EngineClient):
     proto = pb
     service_name = "vllm.grpc.engine.VllmEngine"
 
-    def __init__(self, channel: grpc.aio.Channel, instance_id: int | None = None) -> None:
-        super().__init__(channel, instance_id)
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        instance_id: int | None = None,
+        streams: Http2Streams | None = None,
+    ) -> None:
+        super().__init__(channel, instance_id, streams)
         self.stub = pb_grpc.VllmEngineStub(channel)
 
     async def info(self, timeout: float) -> EngineInfo:

@@ -26,6 +26,9 @@ from switchyard.protos.messages import (
     TokenLogprobs,
 )
 
+# Every Generate stream here runs over both transports (conftest.both_transports).
+pytestmark = pytest.mark.usefixtures("both_transports")
+
 PB = {"sglang": spb, "vllm": vpb}
 
 

@@ -14,6 +14,9 @@ from switchyard.common.engines.connect import client_for
 from switchyard.common.errors import EngineError
 from switchyard.protos.messages import GenerateRequest, SamplingParams, TokenDelta
 
+# Every Generate stream here runs over both transports (conftest.both_transports).
+pytestmark = pytest.mark.usefixtures("both_transports")
+
 REQ = GenerateRequest(
     request_id="r", instance_id=1, token_ids=[1, 2, 3], sampling=SamplingParams(max_tokens=8)
 )

@@ -14,6 +14,9 @@ from switchyard.mock_engine.config import MockEngineConfig
 from switchyard.mock_engine.server import start_mock_engine
 from switchyard.protos.messages import GenerateFinished, GenerateRequest, SamplingParams
 
+# Every Generate stream here runs over both transports (conftest.both_transports).
+pytestmark = pytest.mark.usefixtures("both_transports")
+
 
 @pytest.fixture(scope="module")
 def ca():

@@ -1,0 +1,745 @@
+"""Server-streaming gRPC calls (Generate) over HTTP/2 on the event loop's own socket.
+
+grpc.aio hands every message of a stream from gRPC core's poller thread to the loop and
+through several Python layers; at the dispatcher's rate (a message per token per stream) that
+was its largest cost. This client speaks the same wire, gRPC over HTTP/2 (RFC 9113, and
+gRPC's PROTOCOL-HTTP2), for that one kind of call, on an asyncio Protocol: one wake-up per
+read, every frame of the read parsed in one pass, each message decoded straight into the
+family's protobuf (`bench/hops.py grpc`, variant `http2` against `aio-noee`). Unary calls
+(Abort, health, ...) stay on the grpc.aio channel.
+
+What it does of HTTP/2:
+- one connection per engine, opened by the first call, shared by every stream; a connection
+  that is lost or told to go away (GOAWAY) is replaced by the next call;
+- flow control: receive windows opened wide and topped up as data is consumed; a request larger
+  than the engine's window goes out frame by frame as its WINDOW_UPDATEs come;
+- the peer's SETTINGS (initial window, frame size, concurrent streams: calls past the limit
+  wait for a slot), PING answered, CONTINUATION and padding read;
+- keepalive as the grpc.aio channel's (base.KEEPALIVE_*): while streams are open a PING every
+  12 s, and a connection whose ack takes over 4 s is closed, its streams failed UNAVAILABLE.
+Failures are EngineErrors of the same kinds as grpc.aio's (errors.kind_of_status): the
+stream's grpc-status, an HTTP status or RST_STREAM code mapped as gRPC does, a lost or refused
+connection UNAVAILABLE (cannot_connect), the client closed under a call `disconnected`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import ssl
+import struct
+from collections import deque
+from collections.abc import Callable
+from typing import Any, cast
+from urllib.parse import unquote
+
+import grpc
+import hpack
+
+from switchyard.common import errors
+from switchyard.common.errors import EngineError
+
+log = logging.getLogger(__name__)
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY = range(8)
+WINDOW_UPDATE, CONTINUATION = 8, 9
+END_STREAM = 0x1  # DATA, HEADERS
+ACK = 0x1  # SETTINGS, PING
+END_HEADERS = 0x4
+PADDED = 0x8
+PRIORITY_FLAG = 0x20
+
+SETTINGS_HEADER_TABLE_SIZE = 0x1
+SETTINGS_ENABLE_PUSH = 0x2
+SETTINGS_MAX_CONCURRENT_STREAMS = 0x3
+SETTINGS_INITIAL_WINDOW_SIZE = 0x4
+SETTINGS_MAX_FRAME_SIZE = 0x5
+
+MAX_WINDOW = 2**31 - 1
+DEFAULT_WINDOW = 65_535
+DEFAULT_FRAME = 16_384
+# Receive windows are topped up once this much of them is consumed (one WINDOW_UPDATE per
+# 1 GiB of stream data, not one per message).
+REFILL = 2**30
+# grpc.aio's client limit (base.CHANNEL_OPTIONS grpc.max_receive_message_length).
+MAX_MESSAGE = 64 * 1024 * 1024
+# gRPC core's minimum connect timeout: a host that does not answer fails the call after it.
+CONNECT_TIMEOUT = 20.0
+
+_U32 = struct.Struct(">I")
+_SETTING = struct.Struct(">HI")
+_STATUS = {code.value[0]: code for code in grpc.StatusCode}
+# RST_STREAM error codes as gRPC maps them to statuses (PROTOCOL-HTTP2, "Errors").
+_RST_STATUS = {
+    0x7: grpc.StatusCode.UNAVAILABLE,  # REFUSED_STREAM: the engine never saw it
+    0x8: grpc.StatusCode.CANCELLED,
+    0xB: grpc.StatusCode.RESOURCE_EXHAUSTED,  # ENHANCE_YOUR_CALM
+    0xC: grpc.StatusCode.PERMISSION_DENIED,  # INADEQUATE_SECURITY
+}
+# A non-200 HTTP status as gRPC maps it (the engine, or a proxy before it, refused the call).
+_HTTP_STATUS = {
+    400: grpc.StatusCode.INTERNAL,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.UNIMPLEMENTED,
+    429: grpc.StatusCode.UNAVAILABLE,
+    502: grpc.StatusCode.UNAVAILABLE,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    size = len(payload)
+    return (
+        bytes((size >> 16 & 0xFF, size >> 8 & 0xFF, size & 0xFF, kind, flags))
+        + _U32.pack(stream_id)
+        + payload
+    )
+
+
+def _hpack_int(value: int, prefix_bits: int, first: int = 0) -> bytes:
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes((first | value,))
+    out = bytearray((first | limit,))
+    value -= limit
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def encode_headers(headers: list[tuple[str, str]]) -> bytes:
+    """An HPACK block of literals without indexing: the engine's dynamic table is never
+    touched, so its HEADER_TABLE_SIZE does not matter."""
+    out = bytearray()
+    for name, value in headers:
+        raw_name, raw_value = name.encode(), value.encode()
+        out += b"\x00" + _hpack_int(len(raw_name), 7) + raw_name
+        out += _hpack_int(len(raw_value), 7) + raw_value
+    return bytes(out)
+
+
+def status_error(
+    code: grpc.StatusCode, details: str, instance_id: int | None = None
+) -> EngineError:
+    """An EngineError as grpc.aio's AioRpcError of that status becomes one."""
+    message = f"{code.name}: {details}".rstrip(": ")
+    return EngineError(errors.kind_of_status(code), message, instance_id)
+
+
+class StreamCall:
+    """One server-streaming call: iterate it for the decoded replies; `cancel()` resets it.
+    The request goes out at the first iteration (after the connection, when it must open)."""
+
+    __slots__ = (
+        "_streams",
+        "_request",
+        "_decode",
+        "stream_id",
+        "conn",
+        "items",
+        "_waiter",
+        "_buffer",
+        "error",
+        "ended",
+        "cancelled",
+        "send_window",
+        "unsent",
+        "received",
+        "_headers_seen",
+    )
+
+    def __init__(
+        self, streams: Http2Streams, request: tuple[bytes, bytes], decode: Callable[[bytes], Any]
+    ) -> None:
+        self._streams = streams
+        self._request = request  # (header block, gRPC message bytes)
+        self._decode = decode
+        self.stream_id = 0  # 0: not started
+        self.conn: Http2Connection | None = None
+        self.items: deque[Any] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._buffer = b""  # a message split across DATA frames
+        self.error: EngineError | None = None
+        self.ended = False
+        self.cancelled = False
+        self.send_window = 0
+        self.unsent = b""  # request bytes waiting for flow-control window
+        self.received = 0  # stream data consumed since its last WINDOW_UPDATE
+        self._headers_seen = False
+
+    def __aiter__(self) -> StreamCall:
+        return self
+
+    async def __anext__(self) -> Any:
+        items = self.items
+        while not items:
+            if self.error is not None:
+                raise self.error
+            if self.ended:
+                raise StopAsyncIteration
+            if not self.stream_id:
+                if self.cancelled:
+                    raise StopAsyncIteration
+                await self._streams.start(self, self._request)
+                self._request = (b"", b"")
+                continue
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            await waiter
+        return items.popleft()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def data(self, payload: bytes) -> None:
+        """A DATA frame's payload: every gRPC message it completes, decoded, is queued."""
+        buf = self._buffer + payload if self._buffer else payload
+        pos, size = 0, len(buf)
+        items, decode = self.items, self._decode
+        while size - pos >= 5:
+            length = int.from_bytes(buf[pos + 1 : pos + 5], "big")
+            end = pos + 5 + length
+            if buf[pos]:
+                self.fail(status_error(grpc.StatusCode.INTERNAL, "compressed message"), True)
+                return
+            if length > MAX_MESSAGE:
+                why = f"a message of {length} bytes is over the limit of {MAX_MESSAGE}"
+                self.fail(status_error(grpc.StatusCode.RESOURCE_EXHAUSTED, why), True)
+                return
+            if end > size:
+                break
+            try:
+                items.append(decode(buf[pos + 5 : end]))
+            except Exception as exc:  # a reply that is no message of the family's proto
+                why = f"cannot parse the engine's reply: {exc}"
+                self.fail(status_error(grpc.StatusCode.INTERNAL, why), True)
+                return
+            pos = end
+        self._buffer = buf[pos:] if pos < size else b""
+        self._wake()
+
+    def headers(self, block: list[tuple[str, str]], end_stream: bool) -> None:
+        """Response headers, trailers, or both at once (a trailers-only answer)."""
+        status = None
+        grpc_status = None
+        message = ""
+        for name, value in block:
+            if name == ":status":
+                status = value
+            elif name == "grpc-status":
+                grpc_status = value
+            elif name == "grpc-message":
+                message = unquote(value)
+        if status is not None and status != "200" and grpc_status is None:
+            code = _HTTP_STATUS.get(int(status) if status.isdigit() else 0)
+            self.fail(status_error(code or grpc.StatusCode.UNKNOWN, f"HTTP status {status}"), True)
+            return
+        self._headers_seen = True
+        if not end_stream:
+            return
+        self.finish()
+        instance_id = self._streams.instance_id
+        if grpc_status is None:
+            why = "the engine ended the stream without a grpc-status"
+            self.error = status_error(grpc.StatusCode.INTERNAL, why, instance_id)
+        elif grpc_status != "0":
+            code = _STATUS.get(int(grpc_status) if grpc_status.isdigit() else -1)
+            self.error = status_error(code or grpc.StatusCode.UNKNOWN, message, instance_id)
+        elif self._buffer:
+            why = "the stream ended inside a message"
+            self.error = status_error(grpc.StatusCode.INTERNAL, why, instance_id)
+        self._wake()
+
+    def finish(self) -> None:
+        """The stream is over on the wire (trailers, reset, or the connection gone)."""
+        self.ended = True
+        conn = self.conn
+        if conn is not None:
+            conn.release(self)
+
+    def fail(self, error: EngineError, reset: bool = False) -> None:
+        """Fail the call; `reset`: the fault is ours to tell the engine (RST_STREAM)."""
+        if self.ended:
+            return
+        if self.error is None:
+            error.instance_id = self._streams.instance_id
+            self.error = error
+        if reset and self.conn is not None and self.stream_id:
+            self.conn.reset(self.stream_id, 0x2)  # INTERNAL_ERROR
+        self.finish()
+        self._wake()
+
+    def cancel(self) -> None:
+        """The caller is done with it: the engine's stream is reset (CANCEL) if still open."""
+        self.cancelled = True
+        if self.ended or not self.stream_id:
+            return
+        conn = self.conn
+        self.finish()
+        if conn is not None:
+            conn.reset(self.stream_id, 0x8)
+
+
+class Http2Connection(asyncio.Protocol):
+    """One HTTP/2 connection to an engine and its streams (the frame loop is the hot path)."""
+
+    def __init__(self, streams: Http2Streams) -> None:
+        self._streams = streams
+        self._loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.calls: dict[int, StreamCall] = {}
+        self.next_id = 1
+        self.usable = True  # new streams may start here (not lost, no GOAWAY)
+        self.lost = False
+        self._decoder = hpack.Decoder()
+        self._buffer = b""
+        self._block: list[bytes] = []  # a header block continued in CONTINUATION frames
+        self._block_stream = 0
+        self._block_end = False
+        self.send_window = DEFAULT_WINDOW  # the engine's connection window for our data
+        self.peer_initial = DEFAULT_WINDOW
+        self.peer_frame = DEFAULT_FRAME
+        self.peer_streams = 2**31  # SETTINGS_MAX_CONCURRENT_STREAMS (none said: no limit)
+        self._received = 0  # connection data consumed since our last WINDOW_UPDATE
+        self._blocked: deque[StreamCall] = deque()  # calls with request bytes to send
+        self._slot_waiters: deque[asyncio.Future[None]] = deque()
+        self._ping_timer: asyncio.TimerHandle | None = None
+        self._ping_deadline: asyncio.TimerHandle | None = None
+        self._ping_payload = b""
+        self._ping_failed = False
+        self.closed_by_us = False
+
+    # -- the connection --------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, only alike.
+        writer = cast(asyncio.Transport, transport)
+        self.transport = writer
+        settings = _SETTING.pack(SETTINGS_ENABLE_PUSH, 0)
+        settings += _SETTING.pack(SETTINGS_INITIAL_WINDOW_SIZE, MAX_WINDOW)
+        writer.write(
+            PREFACE
+            + frame(SETTINGS, 0, 0, settings)
+            + frame(WINDOW_UPDATE, 0, 0, _U32.pack(MAX_WINDOW - DEFAULT_WINDOW))
+        )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self.usable = False
+        self._stop_keepalive()
+        if self.closed_by_us:
+            error = EngineError(errors.DISCONNECTED, "the channel to the engine was closed")
+        elif self._ping_failed:
+            error = status_error(
+                grpc.StatusCode.UNAVAILABLE, "keepalive ping not acknowledged in time"
+            )
+        else:
+            why = f"the connection to the engine was lost ({exc or 'closed by the engine'})"
+            error = status_error(grpc.StatusCode.UNAVAILABLE, why)
+        self._fail_all(error)
+        self._streams.connection_gone(self)
+
+    def _fail_all(self, error: EngineError, above: int = 0) -> None:
+        for stream_id, call in list(self.calls.items()):
+            if stream_id > above:
+                call.fail(EngineError(error.kind, error.message))
+        for waiter in self._slot_waiters:
+            if not waiter.done():
+                waiter.set_exception(EngineError(error.kind, error.message))
+        self._slot_waiters.clear()
+
+    def close(self) -> None:
+        self.closed_by_us = True
+        self.usable = False
+        if self.transport is not None and not self.lost:
+            self.transport.close()
+
+    # -- starting and ending streams ---------------------------------------------------------
+
+    async def start(self, call: StreamCall, header_block: bytes, message: bytes) -> None:
+        while len(self.calls) >= self.peer_streams:
+            waiter = self._loop.create_future()
+            self._slot_waiters.append(waiter)
+            await waiter
+        if not self.usable or self.transport is None:
+            raise status_error(grpc.StatusCode.UNAVAILABLE, "the connection to the engine closed")
+        stream_id = self.next_id
+        self.next_id += 2
+        call.stream_id = stream_id
+        call.conn = self
+        call.send_window = self.peer_initial
+        self.calls[stream_id] = call
+        out = bytearray()
+        limit = self.peer_frame
+        if len(header_block) <= limit:
+            out += frame(HEADERS, END_HEADERS, stream_id, header_block)
+        else:
+            out += frame(HEADERS, 0, stream_id, header_block[:limit])
+            rest = header_block[limit:]
+            while rest:
+                chunk, rest = rest[:limit], rest[limit:]
+                out += frame(CONTINUATION, 0 if rest else END_HEADERS, stream_id, chunk)
+        call.unsent = b"\x00" + _U32.pack(len(message)) + message
+        self._send_data(call, out)
+        self.transport.write(out)
+        if call.unsent:
+            self._blocked.append(call)
+        if self._ping_timer is None:
+            self._ping_timer = self._loop.call_later(self._streams.keepalive_time, self._keepalive)
+
+    def _send_data(self, call: StreamCall, out: bytearray) -> None:
+        """As much of the call's request as the windows allow, into `out`."""
+        data = call.unsent
+        while data:
+            room = min(self.send_window, call.send_window, self.peer_frame)
+            if room <= 0:
+                break
+            chunk, data = data[:room], data[room:]
+            self.send_window -= len(chunk)
+            call.send_window -= len(chunk)
+            out += frame(DATA, 0 if data else END_STREAM, call.stream_id, chunk)
+        call.unsent = data
+
+    def _send_blocked(self) -> None:
+        if not self._blocked or self.transport is None:
+            return
+        out = bytearray()
+        waiting: deque[StreamCall] = deque()
+        for call in self._blocked:
+            if call.ended:
+                continue
+            self._send_data(call, out)
+            if call.unsent:
+                waiting.append(call)
+        self._blocked = waiting
+        if out:
+            self.transport.write(out)
+
+    def release(self, call: StreamCall) -> None:
+        """A stream ended: its slot is free for a waiting call."""
+        if self.calls.pop(call.stream_id, None) is None:
+            return
+        waiters = self._slot_waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                break
+
+    def reset(self, stream_id: int, code: int) -> None:
+        if self.transport is not None and not self.lost:
+            self.transport.write(frame(RST_STREAM, 0, stream_id, _U32.pack(code)))
+
+    # -- keepalive ---------------------------------------------------------------------------
+
+    def _keepalive(self) -> None:
+        self._ping_timer = None
+        if not self.calls or self.lost or self.transport is None:
+            return  # pings only while streams are open (as the grpc.aio channel's)
+        self._ping_payload = os.urandom(8)
+        self.transport.write(frame(PING, 0, 0, self._ping_payload))
+        self._ping_deadline = self._loop.call_later(
+            self._streams.keepalive_timeout, self._ping_timed_out
+        )
+        self._ping_timer = self._loop.call_later(self._streams.keepalive_time, self._keepalive)
+
+    def _ping_timed_out(self) -> None:
+        self._ping_deadline = None
+        log.warning(
+            "engine instance_id=%s did not answer a keepalive ping in %gs: closing its streams "
+            "connection",
+            self._streams.instance_id,
+            self._streams.keepalive_timeout,
+        )
+        self._ping_failed = True
+        self.usable = False
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _stop_keepalive(self) -> None:
+        for timer in (self._ping_timer, self._ping_deadline):
+            if timer is not None:
+                timer.cancel()
+        self._ping_timer = self._ping_deadline = None
+
+    # -- reading (hot path) ------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buffer + data if self._buffer else data
+        pos, size = 0, len(buf)
+        calls = self.calls
+        while size - pos >= 9:
+            length = buf[pos] << 16 | buf[pos + 1] << 8 | buf[pos + 2]
+            end = pos + 9 + length
+            if end > size:
+                break
+            kind = buf[pos + 3]
+            flags = buf[pos + 4]
+            stream_id = int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
+            payload = buf[pos + 9 : end]
+            pos = end
+            if kind == DATA:
+                self._received += length
+                call = calls.get(stream_id)
+                if call is not None:
+                    if flags & PADDED:
+                        payload = payload[1 : length - payload[0]]
+                    call.received += length
+                    call.data(payload)
+                    if flags & END_STREAM and not call.ended:
+                        call.headers([], True)  # no trailers: INTERNAL, as gRPC says
+                    elif call.received >= REFILL:
+                        self._refill(stream_id, call.received)
+                        call.received = 0
+                if self._received >= REFILL:
+                    self._refill(0, self._received)
+                    self._received = 0
+            elif kind == HEADERS or kind == CONTINUATION:
+                self._header_frame(kind, flags, stream_id, payload)
+            else:
+                self._control(kind, flags, stream_id, payload)
+            if self.lost:
+                return
+        self._buffer = buf[pos:] if pos < size else b""
+
+    def _refill(self, stream_id: int, amount: int) -> None:
+        assert self.transport is not None
+        self.transport.write(frame(WINDOW_UPDATE, 0, stream_id, _U32.pack(amount)))
+
+    def _header_frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
+        if kind == HEADERS:
+            if flags & PADDED:
+                payload = payload[1 : len(payload) - payload[0]]
+            if flags & PRIORITY_FLAG:
+                payload = payload[5:]
+            self._block = [payload]
+            self._block_stream = stream_id
+            self._block_end = bool(flags & END_STREAM)
+        else:
+            self._block.append(payload)
+        if not flags & END_HEADERS:
+            return
+        try:  # every block goes through the decoder: it keeps the connection's HPACK table
+            block: list[tuple[str, str]] = self._decoder.decode(b"".join(self._block))  # type: ignore[assignment]
+        except hpack.HPACKError as exc:
+            self._protocol_error(f"undecodable headers: {exc}")
+            return
+        self._block = []
+        call = self.calls.get(self._block_stream)
+        if call is not None:
+            call.headers(block, self._block_end)
+
+    def _control(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
+        transport = self.transport
+        assert transport is not None
+        if kind == SETTINGS:
+            if flags & ACK:
+                return
+            for offset in range(0, len(payload) - 5, 6):
+                key, value = _SETTING.unpack_from(payload, offset)
+                if key == SETTINGS_INITIAL_WINDOW_SIZE:
+                    delta = value - self.peer_initial
+                    self.peer_initial = value
+                    for call in self.calls.values():
+                        call.send_window += delta
+                elif key == SETTINGS_MAX_FRAME_SIZE:
+                    self.peer_frame = value
+                elif key == SETTINGS_MAX_CONCURRENT_STREAMS:
+                    self.peer_streams = value
+            transport.write(frame(SETTINGS, ACK, 0))
+            self._send_blocked()
+        elif kind == WINDOW_UPDATE:
+            increment = _U32.unpack(payload[:4])[0] & 0x7FFFFFFF
+            if stream_id == 0:
+                self.send_window += increment
+            else:
+                target = self.calls.get(stream_id)
+                if target is None:
+                    return
+                target.send_window += increment
+            self._send_blocked()
+        elif kind == PING:
+            if not flags & ACK:
+                transport.write(frame(PING, ACK, 0, payload))
+            elif payload == self._ping_payload and self._ping_deadline is not None:
+                self._ping_deadline.cancel()
+                self._ping_deadline = None
+        elif kind == RST_STREAM:
+            reset = self.calls.get(stream_id)
+            if reset is not None:
+                code = _U32.unpack(payload[:4])[0]
+                status = _RST_STATUS.get(code, grpc.StatusCode.INTERNAL)
+                reset.fail(status_error(status, f"the engine reset the stream (code {code})"))
+        elif kind == GOAWAY:
+            last = _U32.unpack(payload[:4])[0] & 0x7FFFFFFF
+            code = _U32.unpack(payload[4:8])[0]
+            debug = payload[8:].decode(errors="replace")
+            self.usable = False
+            log.info(
+                "engine instance_id=%s sent GOAWAY (code %d%s): new streams open a new connection",
+                self._streams.instance_id,
+                code,
+                f", {debug}" if debug else "",
+            )
+            why = f"the engine is going away (GOAWAY code {code}) and did not take the stream"
+            self._fail_all(status_error(grpc.StatusCode.UNAVAILABLE, why), above=last)
+            self._streams.connection_gone(self)
+            if not self.calls:
+                transport.close()
+        elif kind == PUSH_PROMISE:
+            self._protocol_error("the engine sent PUSH_PROMISE (push is off)")
+        # PRIORITY and unknown frame types are ignored, as HTTP/2 says.
+
+    def _protocol_error(self, why: str) -> None:
+        log.warning("engine instance_id=%s: %s", self._streams.instance_id, why)
+        self._fail_all(status_error(grpc.StatusCode.INTERNAL, why))
+        if self.transport is not None:
+            self.transport.write(frame(GOAWAY, 0, 0, _U32.pack(0) + _U32.pack(0x1)))
+            self.transport.abort()
+        self.lost = True  # read no further; connection_lost follows
+        self.usable = False
+        self._streams.connection_gone(self)
+
+
+class Http2Streams:
+    """The streaming calls of one engine client: opens (and re-opens) its connection."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
+        instance_id: int | None = None,
+        keepalive_time: float = 12.0,
+        keepalive_timeout: float = 4.0,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.authority = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
+        self._ssl = ssl_context
+        self._server_hostname = server_hostname
+        self.instance_id = instance_id
+        self.keepalive_time = keepalive_time
+        self.keepalive_timeout = keepalive_timeout
+        self._conn: Http2Connection | None = None
+        self._connecting: asyncio.Future[Http2Connection] | None = None
+        self._draining: set[Http2Connection] = set()  # after GOAWAY, until their streams end
+        self._prefixes: dict[str, bytes] = {}
+        self.closed = False
+
+    def call(
+        self,
+        path: str,
+        message: bytes,
+        decode: Callable[[bytes], Any],
+        metadata: tuple[tuple[str, str], ...] | None = None,
+    ) -> StreamCall:
+        """A call of `path` (`/package.Service/Method`) with one request message; it starts
+        when first iterated."""
+        block = self._prefixes.get(path)
+        if block is None:
+            scheme = "https" if self._ssl is not None else "http"
+            block = self._prefixes[path] = encode_headers(
+                [
+                    (":method", "POST"),
+                    (":scheme", scheme),
+                    (":path", path),
+                    (":authority", self.authority),
+                    ("content-type", "application/grpc"),
+                    ("te", "trailers"),
+                    ("user-agent", "switchyard-http2"),
+                ]
+            )
+        if metadata:
+            block += encode_headers(list(metadata))
+        return StreamCall(self, (block, message), decode)
+
+    async def start(self, call: StreamCall, request: tuple[bytes, bytes]) -> None:
+        if self.closed:
+            raise EngineError(
+                errors.DISCONNECTED, "the channel to the engine was closed", self.instance_id
+            )
+        try:
+            conn = await self._connection()
+            await conn.start(call, *request)
+        except EngineError as exc:
+            exc.instance_id = self.instance_id
+            raise
+
+    async def _connection(self) -> Http2Connection:
+        conn = self._conn
+        if conn is not None and conn.usable:
+            return conn
+        if self._connecting is None:
+            self._connecting = asyncio.ensure_future(self._connect())
+        connecting = self._connecting
+        try:
+            # Shielded: a call cancelled while it waits leaves the connect to the others.
+            return await asyncio.shield(connecting)
+        finally:
+            if connecting.done() and self._connecting is connecting:
+                self._connecting = None
+
+    async def _connect(self) -> Http2Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                _, conn = await loop.create_connection(
+                    lambda: Http2Connection(self),
+                    self.host,
+                    self.port,
+                    ssl=self._ssl,
+                    server_hostname=self._server_hostname if self._ssl is not None else None,
+                )
+        except TimeoutError:
+            why = f"no connection to the engine in {CONNECT_TIMEOUT:g}s"
+            raise status_error(grpc.StatusCode.UNAVAILABLE, why, self.instance_id) from None
+        except OSError as exc:  # refused, unreachable, TLS handshake (ssl.SSLError)
+            why = f"failed to connect to {self.authority}: {exc}"
+            raise status_error(grpc.StatusCode.UNAVAILABLE, why, self.instance_id) from None
+        if self.closed:
+            conn.close()
+            raise EngineError(
+                errors.DISCONNECTED, "the channel to the engine was closed", self.instance_id
+            )
+        self._conn = conn
+        return conn
+
+    def connection_gone(self, conn: Http2Connection) -> None:
+        """A connection takes no new streams (lost, GOAWAY): the next call opens another."""
+        if self._conn is conn:
+            self._conn = None
+        if not conn.lost and conn.calls:
+            self._draining.add(conn)
+        else:
+            self._draining.discard(conn)
+
+    async def close(self) -> None:
+        """Every connection closed; calls still open fail `disconnected`."""
+        self.closed = True
+        connecting, self._connecting = self._connecting, None
+        if connecting is not None:
+            connecting.cancel()
+            with contextlib.suppress(BaseException):
+                await connecting
+        for conn in [self._conn, *self._draining]:
+            if conn is not None:
+                conn.close()
+                conn._fail_all(
+                    EngineError(errors.DISCONNECTED, "the channel to the engine was closed")
+                )
+        self._conn = None
+        self._draining.clear()
