@@ -295,6 +295,7 @@ class EngineClient(abc.ABC):
         request_id = request.request_id
         call = self._call(built, call_metadata(request.http_request_id, request.traceparent))
         generated = 0
+        complete = False  # every final message read: the engine ends the stream itself
         try:
             async for reply in call:
                 if reply.HasField("chunk"):
@@ -307,6 +308,7 @@ class EngineClient(abc.ABC):
                     if not request.stream and done.output_ids:
                         generated += len(done.output_ids)
                         yield TokenDelta(request_id, list(done.output_ids))
+                    complete = True
                     yield self._finished(request_id, done, generated)
                     return
         except grpc.aio.AioRpcError as exc:
@@ -317,7 +319,8 @@ class EngineClient(abc.ABC):
             # grpc.aio cancels the calls of a channel that is closed under them.
             raise self._closed() from None
         finally:
-            call.cancel()
+            if not complete:  # no reset for a finished stream (its trailers are on the way)
+                call.cancel()
         raise EngineError(errors.DISCONNECTED, "stream ended without complete", self.instance_id)
 
     async def _generate_detailed(
@@ -333,6 +336,7 @@ class EngineClient(abc.ABC):
         prompt_pending = request.prompt_logprobs is not None
         generated = [0] * choices
         finished = 0
+        complete = False  # every final message read: the engine ends the stream itself
         call = self._call(built, call_metadata(request.http_request_id, request.traceparent))
         try:
             async for reply in call:
@@ -371,9 +375,10 @@ class EngineClient(abc.ABC):
                             "the engine sent no prompt logprobs",
                             self.instance_id,
                         )
-                    yield self._finished(request_id, part, generated[index])
                     finished += 1
-                    if finished == choices:
+                    complete = finished == choices
+                    yield self._finished(request_id, part, generated[index])
+                    if complete:
                         return
         except grpc.aio.AioRpcError as exc:
             raise self._error(exc) from exc
@@ -383,7 +388,8 @@ class EngineClient(abc.ABC):
             # grpc.aio cancels the calls of a channel that is closed under them.
             raise self._closed() from None
         finally:
-            call.cancel()
+            if not complete:  # no reset for a finished stream (its trailers are on the way)
+                call.cancel()
         raise EngineError(errors.DISCONNECTED, "stream ended without complete", self.instance_id)
 
     async def embed(
