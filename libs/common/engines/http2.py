@@ -430,6 +430,9 @@ class Http2Connection(asyncio.Protocol):
         """A stream ended: its slot is free for a waiting call."""
         if self.calls.pop(call.stream_id, None) is None:
             return
+        if not self.usable and not self.calls and self.transport is not None:
+            self.transport.close()  # after GOAWAY: its last stream ended
+            return
         waiters = self._slot_waiters
         while waiters:
             waiter = waiters.popleft()
@@ -447,12 +450,14 @@ class Http2Connection(asyncio.Protocol):
         self._ping_timer = None
         if not self.calls or self.lost or self.transport is None:
             return  # pings only while streams are open (as the grpc.aio channel's)
+        self._ping_timer = self._loop.call_later(self._streams.keepalive_time, self._keepalive)
+        if self._ping_deadline is not None:
+            return  # the last ping is still unanswered: its deadline stands
         self._ping_payload = os.urandom(8)
         self.transport.write(frame(PING, 0, 0, self._ping_payload))
         self._ping_deadline = self._loop.call_later(
             self._streams.keepalive_timeout, self._ping_timed_out
         )
-        self._ping_timer = self._loop.call_later(self._streams.keepalive_time, self._keepalive)
 
     def _ping_timed_out(self) -> None:
         self._ping_deadline = None
@@ -689,6 +694,13 @@ class Http2Streams:
         try:
             # Shielded: a call cancelled while it waits leaves the connect to the others.
             return await asyncio.shield(connecting)
+        except asyncio.CancelledError:
+            if not connecting.cancelled():  # the caller's own cancellation
+                raise
+            # close() cancelled the connect: the call fails as the close's other calls do.
+            raise EngineError(
+                errors.DISCONNECTED, "the channel to the engine was closed", self.instance_id
+            ) from None
         finally:
             if connecting.done() and self._connecting is connecting:
                 self._connecting = None
