@@ -12,6 +12,8 @@ Variants (see VARIANTS; the default set is DEFAULT_VARIANTS):
   aio-read         the same channel, `await call.read()` instead of `async for`
   aio-x4           four channels per engine (own subchannels), streams spread over them
   poll             aio with GRPC_POLL_STRATEGY=poll
+  http2            EngineClient.generate over the loop's own HTTP/2 connection
+                   (engines/http2.py: the dispatcher's default since it was measured here)
   aio-noee         aio with GRPC_EXPERIMENTS=-event_engine_client (the client channel on
                    gRPC's iomgr poller instead of the EventEngine's thread pool)
   aio-nochannelz, aio-nobdp, aio-minimal, aio-noreuseport, aio-nocompress
@@ -48,7 +50,7 @@ import grpc.experimental
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 
 from switchyard.common.engines.base import CHANNEL_OPTIONS
-from switchyard.common.engines.connect import client_for
+from switchyard.common.engines.connect import client_for, open_streams
 from switchyard.common.engines.sglang import SglangClient
 from switchyard.common.instance_id import grpc_target
 from switchyard.protos.messages import GenerateRequest, SamplingParams
@@ -69,12 +71,22 @@ class StreamClient:
 class AioEngine(StreamClient):
     """The library's EngineClient (today's dispatcher path), optionally over several channels."""
 
-    def __init__(self, url: str, channels: int = 1, extra: list[tuple[str, Any]] = ()) -> None:
+    def __init__(
+        self,
+        url: str,
+        channels: int = 1,
+        extra: list[tuple[str, Any]] = (),
+        http2: bool = False,
+    ) -> None:
         options = list(CHANNEL_OPTIONS) + list(extra)
         if channels > 1:  # separate subchannels, hence separate TCP connections
             options.append(("grpc.use_local_subchannel_pool", 1))
         self.clients = [
-            SglangClient(grpc.aio.insecure_channel(grpc_target(url), options=options), 1)
+            SglangClient(
+                grpc.aio.insecure_channel(grpc_target(url), options=options),
+                1,
+                open_streams(url) if http2 else None,
+            )
             for _ in range(channels)
         ]
         self._turn = 0
@@ -186,6 +198,11 @@ VARIANTS: dict[str, Variant] = {
     "aio-noreuseport": Variant(_aio_opts(("grpc.so_reuseport", 0)), note="so_reuseport 0"),
     "aio-nocompress": Variant(
         _aio_opts(("grpc.default_compression_algorithm", 0)), note="compression off"
+    ),
+    "http2": Variant(
+        lambda url: AioEngine(url, http2=True),
+        env={"GRPC_EXPERIMENTS": "-event_engine_client"},
+        note="Generate over the loop's own HTTP/2 connection (engines/http2.py)",
     ),
     "aio-x4": Variant(lambda url: AioEngine(url, channels=4), note="4 channels per engine"),
     "poll": Variant(lambda url: AioEngine(url), env={"GRPC_POLL_STRATEGY": "poll"}),
@@ -336,8 +353,8 @@ def child_env(variant: str) -> dict[str, str]:
     return env
 
 
-DEFAULT_VARIANTS = "aio,sync-st,aio-read,aio-x4,poll,aio-nochannelz"
-QUICK_VARIANTS = "aio,sync-st"
+DEFAULT_VARIANTS = "aio-noee,http2,aio,sync-st"
+QUICK_VARIANTS = "aio-noee,http2"
 
 
 METRICS = [
