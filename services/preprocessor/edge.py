@@ -233,6 +233,8 @@ class Edge:
             _account(deps, endpoint, exchange, status)
             if self.access_log is not None:
                 self.access_log.write("POST", exchange, status)
+            if exchange.ctx is not None:
+                exchange.ctx.release()
 
     async def _body(self, receive: Receive) -> bytes:
         parts: list[bytes] = []

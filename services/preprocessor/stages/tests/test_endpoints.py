@@ -353,3 +353,33 @@ class TestPromptLimits:
         status, http = await run(d, chat_body(messages=[{"role": "user", "content": text}]))
         assert status == 400
         assert http.json()["error"]["code"] == "context_length_exceeded"
+
+
+class TestRelease:
+    async def test_a_released_request_is_freed_without_a_garbage_collection(self, bundle):
+        """Issue 13: a finished request's context and its generations pointed at each other,
+        so every request's objects waited for a collection, and the young collections that
+        walked them cost the preprocessor ~5% of its CPU (plus pauses)."""
+        import gc
+
+        from switchyard.preprocessor.stages.context import RequestContext
+        from switchyard.preprocessor.stages.generation import Generation
+
+        def alive() -> int:
+            return sum(type(o) in (RequestContext, Generation) for o in gc.get_objects())
+
+        d = deps(bundle, FakeRouter([1]), FakeDispatcher(lambda r: [done(r.request_id)]))
+        http = FakeHttp()
+        exchange = Exchange("/v1/x", request_ids.mint(ID_PREFIX[CHAT]))
+        gc.collect()
+        gc.disable()
+        try:
+            before = alive()
+            assert await serve(d, CHAT, chat_body(stream=True), 0.0, http, exchange) == 200
+            assert exchange.ctx is not None and exchange.ctx.state.generations
+            assert alive() == before + 2
+            exchange.ctx.release()
+            exchange.ctx = None
+            assert alive() == before  # reference counting alone freed them
+        finally:
+            gc.enable()
