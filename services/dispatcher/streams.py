@@ -36,15 +36,20 @@ async def run_generation(
 ) -> None:
     """`on_first_token(seconds)`: the engine's time to its first reply, once."""
     try:
-        events = client.generate(request)
-        if on_first_token is not None:
+        if on_first_token is None:
+            await client.stream_into(request, send)
+        else:
             started = time.perf_counter()
-            async for event in events:
-                on_first_token(time.perf_counter() - started)
+            timed = False
+
+            def emit(event: object) -> None:
+                nonlocal timed
+                if not timed:
+                    timed = True
+                    on_first_token(time.perf_counter() - started)
                 send(event)
-                break
-        async for event in events:
-            send(event)
+
+            await client.stream_into(request, emit)
     except asyncio.CancelledError:
         # The caller went away: tell the engine to drop the request, without waiting on it.
         with contextlib.suppress(EngineError):

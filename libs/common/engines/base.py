@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import hashlib
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeAlias
 
@@ -17,7 +17,7 @@ from smg_grpc_proto.generated import common_pb2
 
 from switchyard.common import errors
 from switchyard.common.engines import wire
-from switchyard.common.engines.http2 import Http2Streams
+from switchyard.common.engines.http2 import Http2Streams, StreamCall
 from switchyard.common.errors import EngineError
 from switchyard.protos.messages import (
     DeltaDetail,
@@ -257,8 +257,15 @@ class EngineClient(abc.ABC):
         Both families send delta token ids in chunks, and a streamed `complete` repeats the
         last chunk's tokens (and logprobs), so its output ids count only when not streaming.
         Completion tokens are counted here: SGLang's counts are cumulative, vLLM's per chunk."""
+        built = self._built(request)
+        if request.sampling.n == 1 and request.logprobs is None and request.prompt_logprobs is None:
+            return self._generate_plain(request, built)
+        return self._generate_detailed(request, built)
+
+    def _built(self, request: GenerateRequest) -> Any:
+        """The family's request message; EngineError bad_request when it cannot carry it."""
         try:
-            built = self.build_request(request)
+            return self.build_request(request)
         except EngineError as exc:
             exc.instance_id = self.instance_id
             raise
@@ -269,9 +276,61 @@ class EngineClient(abc.ABC):
                 f"the engine protocol cannot take this request: {exc}",
                 self.instance_id,
             ) from exc
-        if request.sampling.n == 1 and request.logprobs is None and request.prompt_logprobs is None:
-            return self._generate_plain(request, built)
-        return self._generate_detailed(request, built)
+
+    async def stream_into(self, request: GenerateRequest, emit: Callable[[Any], None]) -> None:
+        """The events of `generate(request)`, each handed to `emit` as it comes; returns after
+        the last final message, raises as `generate` does. On the HTTP/2 streams with one
+        choice and no logprobs (the per-token hot path) the replies are converted in the
+        connection's read callback: no task wake-up and no generator per token."""
+        if (
+            self.streams is None
+            or request.sampling.n != 1
+            or request.logprobs is not None
+            or request.prompt_logprobs is not None
+        ):
+            async for event in self.generate(request):
+                emit(event)
+            return
+        call = self._call(
+            self._built(request), call_metadata(request.http_request_id, request.traceparent)
+        )
+        request_id = request.request_id
+        whole = not request.stream
+        generated = 0
+        complete = False
+        finished = self._finished
+
+        def on_items(call: StreamCall) -> None:
+            nonlocal generated, complete
+            items = call.items
+            while items:
+                reply = items.popleft()
+                if reply.HasField("chunk"):
+                    ids = reply.chunk.token_ids
+                    if ids:
+                        generated += len(ids)
+                        emit(TokenDelta(request_id, list(ids)))
+                elif reply.HasField("complete"):
+                    done = reply.complete
+                    if whole and done.output_ids:
+                        generated += len(done.output_ids)
+                        emit(TokenDelta(request_id, list(done.output_ids)))
+                    emit(finished(request_id, done, generated))
+                    items.clear()
+                    complete = True
+                    call.stop_reading()  # no reset: the engine ends the stream itself
+                    return
+
+        call.feed(on_items)
+        try:
+            await call.until_done()
+        except BaseException:
+            call.cancel()
+            raise
+        if not complete:
+            raise EngineError(
+                errors.DISCONNECTED, "stream ended without complete", self.instance_id
+            )
 
     def _call(self, built: Any, metadata: tuple[tuple[str, str], ...] | None = None) -> Any:
         """The Generate call: a grpc.aio call, or an http2.StreamCall (both iterate the

@@ -136,7 +136,12 @@ def status_error(
 
 class StreamCall:
     """One server-streaming call: iterate it for the decoded replies; `cancel()` resets it.
-    The request goes out at the first iteration (after the connection, when it must open)."""
+    The request goes out at the first iteration (after the connection, when it must open).
+
+    Or, the per-token way, `feed(on_items)` then `await until_done()`: `on_items(call)` is
+    called in the connection's read callback each time replies arrive, takes them from
+    `call.items` and calls `stop_reading()` once it has all it wants; no task wakes up per
+    message, only `until_done` at the end (or at the call's failure, which it raises)."""
 
     __slots__ = (
         "_streams",
@@ -154,6 +159,8 @@ class StreamCall:
         "unsent",
         "received",
         "_headers_seen",
+        "_on_items",
+        "_stopped",
     )
 
     def __init__(
@@ -174,6 +181,32 @@ class StreamCall:
         self.unsent = b""  # request bytes waiting for flow-control window
         self.received = 0  # stream data consumed since its last WINDOW_UPDATE
         self._headers_seen = False
+        self._on_items: Callable[[StreamCall], None] | None = None
+        self._stopped = False  # the feed's consumer has every reply it wants
+
+    def feed(self, on_items: Callable[[StreamCall], None]) -> None:
+        self._on_items = on_items
+
+    def stop_reading(self) -> None:
+        self._stopped = True
+        self._wake()
+
+    async def until_done(self) -> None:
+        """Until the feed's consumer stopped reading, or the stream ended (raising its
+        failure). Replies go to the feed, so none wait in `items` here."""
+        while not self._stopped:
+            if self.error is not None:
+                raise self.error
+            if self.ended:
+                return
+            if not self.stream_id:
+                if self.cancelled:
+                    return
+                await self._streams.start(self, self._request)
+                self._request = (b"", b"")
+                continue
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            await waiter
 
     def __aiter__(self) -> StreamCall:
         return self
@@ -227,7 +260,18 @@ class StreamCall:
                 return
             pos = end
         self._buffer = buf[pos:] if pos < size else b""
-        self._wake()
+        on_items = self._on_items
+        if on_items is None:
+            self._wake()
+        elif items:
+            try:
+                on_items(self)
+            except EngineError as exc:  # the consumer refused a reply: the call fails
+                self.fail(exc, True)
+            except Exception as exc:  # whatever it is, the awaiting task gets it
+                log.exception("a stream's reply consumer failed")
+                why = f"{type(exc).__name__}: {exc}"
+                self.fail(status_error(grpc.StatusCode.INTERNAL, why), True)
 
     def headers(self, block: list[tuple[str, str]], end_stream: bool) -> None:
         """Response headers, trailers, or both at once (a trailers-only answer)."""

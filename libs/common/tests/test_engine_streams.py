@@ -12,7 +12,12 @@ from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vgrpc
 from switchyard.common import errors
 from switchyard.common.engines.connect import client_for
 from switchyard.common.errors import EngineError
-from switchyard.protos.messages import GenerateRequest, SamplingParams, TokenDelta
+from switchyard.protos.messages import (
+    GenerateFinished,
+    GenerateRequest,
+    SamplingParams,
+    TokenDelta,
+)
 
 # Every Generate stream here runs over both transports (conftest.both_transports).
 pytestmark = pytest.mark.usefixtures("both_transports")
@@ -52,16 +57,76 @@ async def serve(servicer, add):
         await server.stop(None)
 
 
+VIA = {"generate"}  # how `events` reads a stream (the `via` fixture sets it per test)
+
+
+@pytest.fixture(autouse=True, params=["generate", "stream_into"])
+def via(request):
+    """Each test reads its streams both ways: EngineClient.generate (an async iterator) and
+    EngineClient.stream_into (events handed over as they come; the dispatcher's way)."""
+    VIA.clear()
+    VIA.add(request.param)
+    return request.param
+
+
+async def read(client, request, got):
+    """The stream's events into `got`, read the test's way."""
+    if "generate" in VIA:
+        async for event in client.generate(request):
+            got.append(event)
+    else:
+        await client.stream_into(request, got.append)
+
+
 async def run(protocol, url):
     client = client_for(protocol, url, 1)
     got = []
     try:
         with pytest.raises(EngineError) as info:
-            async for event in client.generate(REQ):
-                got.append(event)
+            await read(client, REQ, got)
     finally:
         await client.close()
     return got, info.value
+
+
+class WholeSglang(sgrpc.SglangSchedulerServicer):
+    async def Generate(self, request, context):
+        chunk, complete = spb.GenerateStreamChunk, spb.GenerateComplete
+        if request.stream:
+            yield spb.GenerateResponse(chunk=chunk(token_ids=[5], completion_tokens=1))
+            yield spb.GenerateResponse(chunk=chunk(token_ids=[6, 7], completion_tokens=3))
+            done = complete(output_ids=[6, 7], finish_reason="length", prompt_tokens=3)
+        else:
+            done = complete(output_ids=[5, 6, 7], finish_reason="length", prompt_tokens=3)
+        yield spb.GenerateResponse(request_id=request.request_id, complete=done)
+
+
+class TestWholeStream:
+    @pytest.mark.parametrize("stream", [True, False])
+    async def test_deltas_then_one_finish(self, stream):
+        request = GenerateRequest(
+            request_id="r",
+            instance_id=1,
+            token_ids=[1, 2, 3],
+            sampling=SamplingParams(max_tokens=3),
+            stream=stream,
+        )
+        async with serve(WholeSglang(), sgrpc.add_SglangSchedulerServicer_to_server) as url:
+            client = client_for("sglang", url, 1)
+            got = []
+            try:
+                await read(client, request, got)
+            finally:
+                await client.close()
+        deltas = (
+            [TokenDelta("r", [5]), TokenDelta("r", [6, 7])]
+            if stream
+            else [TokenDelta("r", [5, 6, 7])]
+        )
+        assert got[:-1] == deltas
+        finished = got[-1]
+        assert isinstance(finished, GenerateFinished)
+        assert (finished.completion_tokens, finished.finish_reason) == (3, "length")
 
 
 class TestStreamWithoutFinalMessage:

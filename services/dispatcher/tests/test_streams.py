@@ -32,9 +32,9 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.closed = False
 
-    async def generate(self, request):
+    async def stream_into(self, request, emit):
         for event in self.events:
-            yield event
+            emit(event)
         if self.hang:
             await asyncio.Event().wait()
         if self.error:
