@@ -92,6 +92,9 @@ class RouterCore:
         self.decode: Profile = build_profile("decode", self.config.decode, deps, self.stats)
         self.prefill: Profile = build_profile("prefill", self.config.prefill, deps, self.stats)
         self.needs = self.decode.needs | self.prefill.needs
+        # As bools: a Flag `&` builds an enum member per test, per decision.
+        self._needs_session = bool(self.needs & Needs.SESSION)
+        self._needs_blocks = bool(self.needs & Needs.BLOCKS)
         self.mode = self.config.mode
         self._offload_weight = self.config.time.offload_weight
         self._busy: dict[int, float] = {}  # instance id -> busy until (RESOURCE_EXHAUSTED)
@@ -157,9 +160,9 @@ class RouterCore:
                 if w.instance.instance_id not in exclude
                 and self._busy.get(w.instance.instance_id, 0.0) <= now
             )
-        if self.needs & Needs.SESSION:
+        if self._needs_session:
             ctx.session = request.session_id
-        if self.needs & Needs.BLOCKS and (candidates or prefills):
+        if self._needs_blocks and (candidates or prefills):
             self._kv_view(ctx, candidates + prefills)
         outcome = self.decode.run(ctx, candidates)
         chosen = outcome.chosen

@@ -6,6 +6,11 @@ in EngineLoads, which the workers' `engine` fields are. An instance whose KV-eve
 carries load records (`pushed`) is not polled while they keep coming. An engine answering
 UNIMPLEMENTED is not polled again; other failures are retried at the next interval (the
 reports go stale meanwhile, and the scorers fall back to the router's own bookkeeping).
+
+One timer polls every instance at once (a new instance is polled when it appears, then on
+the shared tick): a process wake-up costs far more than a GetLoads, so N engines cost one
+wake-up per interval, not N. A poll still under way at the next tick (an engine slower than
+the interval) is not started again; a slow engine never delays the others' polls.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import grpc
 
@@ -31,6 +37,14 @@ def _open(instance: Instance) -> EngineClient:
     from switchyard.common.engines.connect import client_for
 
     return client_for(instance.protocol, instance.url, instance.instance_id)
+
+
+@dataclass(slots=True)
+class _Target:
+    url: str
+    client: EngineClient
+    polling: asyncio.Task[None] | None = None  # the poll under way
+    unimplemented: bool = False  # the engine has no GetLoads: never polled again
 
 
 class LoadPoller:
@@ -50,8 +64,10 @@ class LoadPoller:
         self._open = open_client
         self._timeout = timeout
         self._clock = clock
-        self._tasks: dict[int, tuple[str, asyncio.Task[None]]] = {}
+        self._targets: dict[int, _Target] = {}
         self._pushed: dict[int, float] = {}  # instance id -> last pushed record (clock)
+        self._ticker: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()  # clients of removed instances
         self.polls = 0
         self.failures = 0
 
@@ -61,46 +77,65 @@ class LoadPoller:
 
     def apply(self, instances: Mapping[int, Instance]) -> None:
         """Poll exactly these instances (call from inside the event loop)."""
-        for iid in [i for i in self._tasks if i not in instances]:
+        for iid in [i for i in self._targets if i not in instances]:
             self._stop(iid)
         for iid, inst in instances.items():
-            running = self._tasks.get(iid)
-            if running is not None and running[0] == inst.url:
+            target = self._targets.get(iid)
+            if target is not None and target.url == inst.url:
                 continue
-            if running is not None:
+            if target is not None:
                 self._stop(iid)
-            task = asyncio.get_running_loop().create_task(self._poll(inst), name=f"loads:{iid}")
-            self._tasks[iid] = (inst.url, task)
+            target = self._targets[iid] = _Target(inst.url, self._open(inst))
+            self._start(iid, target, self._clock())  # a new instance is polled at once
+        if self._targets and self._ticker is None:
+            self._ticker = asyncio.get_running_loop().create_task(self._tick(), name="loads")
 
     async def close(self) -> None:
-        tasks = [t for _, t in self._tasks.values()]
-        self._tasks.clear()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        ticker, self._ticker = self._ticker, None
+        if ticker is not None:
+            ticker.cancel()
+            await asyncio.gather(ticker, return_exceptions=True)
+        for iid in list(self._targets):
+            self._stop(iid)
+        closing, self._closing = list(self._closing), set()
+        await asyncio.gather(*closing, return_exceptions=True)
 
     def _stop(self, iid: int) -> None:
-        _, task = self._tasks.pop(iid)
-        task.cancel()
+        target = self._targets.pop(iid)
         self._pushed.pop(iid, None)
+        if target.polling is not None:
+            target.polling.cancel()
+        task = asyncio.get_running_loop().create_task(self._close_client(target))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
-    async def _poll(self, inst: Instance) -> None:
-        iid = inst.instance_id
-        client = self._open(inst)
-        try:
-            while True:
-                pushed = self._pushed.get(iid)
-                if pushed is None or self._clock() - pushed > 2 * self.interval:
-                    if not await self._poll_once(client, iid):
-                        return
-                await asyncio.sleep(self.interval)
-        finally:
-            with contextlib.suppress(Exception):
-                await client.close()
+    @staticmethod
+    async def _close_client(target: _Target) -> None:
+        if target.polling is not None:
+            await asyncio.gather(target.polling, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await target.client.close()
 
-    async def _poll_once(self, client: EngineClient, iid: int) -> bool:
-        """False when the engine has no GetLoads."""
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            now = self._clock()
+            for iid, target in self._targets.items():
+                self._start(iid, target, now)
+
+    def _start(self, iid: int, target: _Target, now: float) -> None:
+        if target.unimplemented or target.polling is not None:
+            return
+        pushed = self._pushed.get(iid)
+        if pushed is not None and now - pushed <= 2 * self.interval:
+            return
+        target.polling = asyncio.get_running_loop().create_task(
+            self._poll_once(target, iid), name=f"loads:{iid}"
+        )
+
+    async def _poll_once(self, target: _Target, iid: int) -> None:
         self.polls += 1
+        client = target.client
         try:
             reply = await client.stub.GetLoads(  # type: ignore[attr-defined]
                 client.proto.GetLoadsRequest(), timeout=self._timeout
@@ -108,11 +143,17 @@ class LoadPoller:
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                 log.info("instance_id=%d has no GetLoads: not polled", iid)
-                return False
+                target.unimplemented = True
+            else:
+                self.failures += 1
+                log.debug("GetLoads instance_id=%d failed: %s", iid, exc.code().name)
+            return
+        except Exception:  # retried at the next tick, as a failed call is
             self.failures += 1
-            log.debug("GetLoads instance_id=%d failed: %s", iid, exc.code().name)
-            return True
+            log.debug("GetLoads instance_id=%d failed", iid, exc_info=True)
+            return
+        finally:
+            target.polling = None
         now = self._clock()
         for load in reply.loads:
             self.loads.update((iid, max(0, int(load.dp_rank))), load, now)
-        return True

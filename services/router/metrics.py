@@ -9,6 +9,7 @@ bounded by the configuration)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -167,3 +168,14 @@ class RouterMetrics:
             registry=self.registry,
         )
         self.registry.register(_Collector(index, stats, silent, instances or dict, tracker))
+        # Labelled children by label values: `labels()` validates and locks on every call;
+        # a child is kept by its metric for good anyway.
+        self._children: dict[tuple[Counter, str, str], Any] = {}
+
+    def count(self, metric: Counter, first: str, second: str) -> None:
+        """`metric.labels(first, second).inc()`, the child looked up once."""
+        key = (metric, first, second)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(first, second)
+        child.inc()

@@ -351,6 +351,8 @@ class KvIngestor:
             return
         if self.listener is not None:
             self.listener.unregister(instance_id)
+        for stream in running.streams:
+            stream.stop()  # a read callback due in this loop iteration feeds nothing
         tasks = list(running.tasks)
         for task in tasks:
             task.cancel()  # it never touches the index again: it is not scheduled

@@ -140,6 +140,11 @@ class KvStream:
             self._catch_up(), name=f"kv-catch-up:{self.name}"
         )
 
+    def stop(self) -> None:
+        """Take no message from now on (a transport's read callback may still run in the
+        loop iteration that stops its task); `close` then ends a replay under way."""
+        self._closed = True
+
     async def close(self) -> None:
         self._closed = True
         task, self._task = self._task, None

@@ -5,15 +5,23 @@ parallel rank r binds base port + r, its replay ROUTER likewise (`rank_endpoint`
 connected before the stream's catch-up replay starts: a batch published between the replay's
 snapshot and a late subscription would be lost, and an engine that then stays idle would
 never reveal the gap.
+
+Messages are read by a `LoopSocket` (the socket's FD watched by the event loop, every ready
+message fed to the stream from the read callback) rather than one awaited recv per message:
+zmq.asyncio's future, task wake-up and reader re-arming per batch were most of a batch's
+cost at low load.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import cast
 
 import zmq
 import zmq.asyncio
 
+from switchyard.common.messaging import LoopSocket
 from switchyard.router.kv.decode import split_frames
 from switchyard.router.kv.errors import KvDecodeError
 from switchyard.router.kv.stream import KvStream
@@ -73,7 +81,10 @@ class ZmqKvSource:
 
     async def run(self) -> None:
         stream = self.stream
-        sub = self._context.socket(zmq.SUB)
+        # A plain socket under the LoopSocket (its monitor, from the asyncio context, is
+        # awaitable).
+        sub: zmq.Socket[bytes] = zmq.Socket(self._context, zmq.SUB)
+        io: LoopSocket | None = None
         try:
             sub.setsockopt(zmq.LINGER, 0)
             sub.setsockopt(zmq.RCVHWM, 0)  # never drop: a drop is a gap and costs a replay
@@ -81,7 +92,10 @@ class ZmqKvSource:
             # retried with a backoff, not every 100 ms.
             sub.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
             sub.setsockopt(zmq.SUBSCRIBE, b"")
-            monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+            # A socket of the context's kind: an asyncio one.
+            monitor = cast(
+                zmq.asyncio.Socket, sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+            )
             sub.connect(self.endpoint)
             # poll, not asyncio.wait_for: on Python 3.11 wait_for can swallow a cancellation
             # that races its inner future, and the source would then never stop.
@@ -100,16 +114,19 @@ class ZmqKvSource:
                 stream.replay_endpoint,
             )
             stream.start()  # the SUB is connected: replay the buffer now
-            recv = sub.recv_multipart
-            feed = stream.feed
-            while True:
-                frames = await recv()
-                try:
-                    seq, payload = split_frames(frames)
-                except KvDecodeError as exc:
-                    self._counters.decode_errors += 1
-                    log.warning("kv events worker=%s: %s", stream.name, exc)
-                    continue
-                feed(seq, payload)
+            io = LoopSocket(sub, self._on_message, multipart=True)
+            await asyncio.get_running_loop().create_future()  # until cancelled
         finally:
-            sub.close(linger=0)
+            if io is not None:
+                io.close()
+            else:
+                sub.close(linger=0)
+
+    def _on_message(self, frames: list[bytes]) -> None:
+        try:
+            seq, payload = split_frames(frames)
+        except KvDecodeError as exc:
+            self._counters.decode_errors += 1
+            log.warning("kv events worker=%s: %s", self.stream.name, exc)
+            return
+        self.stream.feed(seq, payload)
