@@ -194,19 +194,8 @@ class StreamCall:
     async def until_done(self) -> None:
         """Until the feed's consumer stopped reading, or the stream ended (raising its
         failure). Replies go to the feed, so none wait in `items` here."""
-        while not self._stopped:
-            if self.error is not None:
-                raise self.error
-            if self.ended:
-                return
-            if not self.stream_id:
-                if self.cancelled:
-                    return
-                await self._streams.start(self, self._request)
-                self._request = (b"", b"")
-                continue
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
-            await waiter
+        while not self._stopped and await self._turn():
+            pass
 
     def __aiter__(self) -> StreamCall:
         return self
@@ -214,19 +203,26 @@ class StreamCall:
     async def __anext__(self) -> Any:
         items = self.items
         while not items:
-            if self.error is not None:
-                raise self.error
-            if self.ended:
+            if not await self._turn():
                 raise StopAsyncIteration
-            if not self.stream_id:
-                if self.cancelled:
-                    raise StopAsyncIteration
-                await self._streams.start(self, self._request)
-                self._request = (b"", b"")
-                continue
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
-            await waiter
         return items.popleft()
+
+    async def _turn(self) -> bool:
+        """Start the call, or wait for news of it; False once it is over (raises its
+        failure)."""
+        if self.error is not None:
+            raise self.error
+        if self.ended:
+            return False
+        if not self.stream_id:
+            if self.cancelled:
+                return False
+            await self._streams.start(self, self._request)
+            self._request = (b"", b"")
+            return True
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        await waiter
+        return True
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -263,6 +259,8 @@ class StreamCall:
         on_items = self._on_items
         if on_items is None:
             self._wake()
+        elif self._stopped:
+            items.clear()  # past what the consumer wanted (nothing, from a sound engine)
         elif items:
             try:
                 on_items(self)
