@@ -140,6 +140,7 @@ class EngineClient(abc.ABC):
         streams: Http2Streams | None = None,
     ) -> None:
         self.channel = channel
+        self.stub = self.stub_class(channel)
         self.instance_id = instance_id
         self.streams = streams
         self.closed = False  # close() was called: every call on it fails (disconnected)
@@ -160,6 +161,7 @@ class EngineClient(abc.ABC):
     # The family's generated message module (HealthCheckRequest, GetLoadsRequest, ...): both
     # families name these RPCs and messages alike.
     proto: ClassVar[Any]
+    stub_class: ClassVar[Any]  # the family's generated stub
     stub: Any
 
     def _closed(self) -> EngineError:

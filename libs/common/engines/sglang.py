@@ -16,14 +16,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import grpc
 from google.protobuf import json_format
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 
 from switchyard.common.engines import wire
 from switchyard.common.engines.base import EngineClient, EngineInfo
-from switchyard.common.engines.http2 import Http2Streams
 from switchyard.protos import messages as m
 from switchyard.protos.messages import (
     PROTOCOL_SGLANG,
@@ -102,15 +100,7 @@ class SglangClient(EngineClient):
     protocol = PROTOCOL_SGLANG
     proto = pb
     service_name = "sglang.grpc.scheduler.SglangScheduler"
-
-    def __init__(
-        self,
-        channel: grpc.aio.Channel,
-        instance_id: int | None = None,
-        streams: Http2Streams | None = None,
-    ) -> None:
-        super().__init__(channel, instance_id, streams)
-        self.stub = pb_grpc.SglangSchedulerStub(channel)
+    stub_class = pb_grpc.SglangSchedulerStub
 
     async def info(self, timeout: float) -> EngineInfo:
         model, server = await self._model_and_server_info(timeout)

@@ -15,13 +15,11 @@ constrains from the first token even when it runs a reasoning parser.
 
 from __future__ import annotations
 
-import grpc
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 
 from switchyard.common.engines import wire
 from switchyard.common.engines.base import EngineClient, EngineInfo
-from switchyard.common.engines.http2 import Http2Streams
 from switchyard.protos import messages as m
 from switchyard.protos.messages import (
     PROTOCOL_VLLM,
@@ -59,15 +57,7 @@ class VllmClient(EngineClient):
     protocol = PROTOCOL_VLLM
     proto = pb
     service_name = "vllm.grpc.engine.VllmEngine"
-
-    def __init__(
-        self,
-        channel: grpc.aio.Channel,
-        instance_id: int | None = None,
-        streams: Http2Streams | None = None,
-    ) -> None:
-        super().__init__(channel, instance_id, streams)
-        self.stub = pb_grpc.VllmEngineStub(channel)
+    stub_class = pb_grpc.VllmEngineStub
 
     async def info(self, timeout: float) -> EngineInfo:
         model, server = await self._model_and_server_info(timeout)
