@@ -42,7 +42,9 @@ def run_load(root: Path, out: Path, extra: list[str]) -> dict[str, Any]:
     argv += ["--router-mode", "kv", "--no-plots", "--out-dir", str(out), *extra]
     # One smg install serves both checkouts (the first run makes it).
     argv += ["--smg-venv", str(HERE / ".smg-venv")]
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+    # From the checkout's own folder: `python -m switchyard` puts the working directory first
+    # on sys.path, so from another checkout's folder it would run that one's code.
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, cwd=root)
     result: dict[str, Any] = json.loads((out / "load.json").read_text())
     return result
 
