@@ -10,7 +10,7 @@ from __future__ import annotations
 from tokenizers import Tokenizer, decoders
 
 
-def _byte_decoder() -> dict[str, int]:
+def byte_decoder() -> dict[str, int]:
     """GPT-2's printable character -> byte map (the inverse of bytes_to_unicode)."""
     printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
     chars = list(printable)
@@ -26,7 +26,7 @@ def _byte_decoder() -> dict[str, int]:
 class TokenTexts:
     __slots__ = ("_tokenizer", "_byte_level", "_added", "_cache")
 
-    _BYTES = _byte_decoder()
+    _BYTES = byte_decoder()
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._tokenizer = tokenizer

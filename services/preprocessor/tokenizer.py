@@ -22,6 +22,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from .chat_template import ChatTemplate, token_text
+from .detokenizer import ByteTable
 from .errors import TokenizerLoadError
 from .prompt_encoder import PromptEncoder, max_token_bytes, splitting_tokens
 from .token_texts import TokenTexts
@@ -76,6 +77,8 @@ class TokenizerBundle:
         in_template = [t for t in added if t in chat_template.source]
         edges = [token_text(config.get("bos_token")), token_text(config.get("eos_token"))]
         self._token_texts: TokenTexts | None = None
+        # Each token's bytes, for the detokenizer (None: DecodeStream serves this tokenizer).
+        self.byte_table = ByteTable.of(tokenizer)
         self.prompts = PromptEncoder(
             tokenizer, splitting_tokens(tokenizer, in_template + edges), max_token_bytes(tokenizer)
         )

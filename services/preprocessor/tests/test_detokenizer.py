@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from switchyard.preprocessor.detokenizer import IncrementalDetokenizer
+from switchyard.preprocessor.detokenizer import ByteTable, IncrementalDetokenizer
 from switchyard.preprocessor.tokenizer import TokenizerBundle
 
 TEXTS = [
@@ -13,6 +13,42 @@ TEXTS = [
     "Mixed: naïve café — 日本語のテキスト and Ελληνικά, 🤖 says “hi”.",
     "def f(x):\n    return x ** 2  # 平方\n",
 ]
+
+
+class WithoutByteTable:
+    """The bundle, as a tokenizer without a ByteTable would be: DecodeStream serves it."""
+
+    byte_table = None
+
+    def __init__(self, bundle: TokenizerBundle) -> None:
+        self._bundle = bundle
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._bundle, name)
+
+
+@pytest.fixture(params=["byte-table", "decode-stream"])
+def bundle(request: pytest.FixtureRequest, bundle: TokenizerBundle) -> TokenizerBundle:
+    """Every test runs on both detokenizer paths; they must give the same text."""
+    if request.param == "byte-table":
+        assert bundle.byte_table is not None  # the DeepSeek tokenizer is byte-level
+        return bundle
+    return WithoutByteTable(bundle)  # type: ignore[return-value]
+
+
+class TestByteTable:
+    def test_other_decoders_get_none(self) -> None:
+        from tokenizers import Tokenizer, decoders, models
+
+        tok = Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+        tok.decoder = decoders.WordPiece()
+        assert ByteTable.of(tok) is None
+
+    def test_a_table_that_decodes_otherwise_is_refused(self, bundle: TokenizerBundle) -> None:
+        table = ByteTable.of(bundle.tokenizer)
+        assert table is not None
+        table.keep[0] += b"!"  # as if the table were built wrong (id 0 is always checked)
+        assert not table._decodes_as(bundle.tokenizer)
 
 
 def byte_level_alphabet() -> list[str]:
