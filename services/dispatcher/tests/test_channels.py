@@ -149,3 +149,37 @@ class TestDrain:
             pool.apply([InstanceRemoved(7, inst.url)])
             await until(lambda: client.closed, "closed")
             await pool.close()
+
+
+class TestEngineStreams:
+    """`--engine-streams`: Generate streams on the loop's HTTP/2 connection (the default)
+    or on the grpc.aio channel; either way a generation runs to its finish."""
+
+    async def run_one(self, http2: bool) -> tuple[bool, list]:
+        config = MockEngineConfig(protocol="sglang", port=0, ttft_ms=0, itl_ms=0)
+        async with start_mock_engine(config) as engine:
+            pool = ChannelPool(http2_streams=http2)
+            try:
+                pool.apply([InstanceAdded(instance(engine.port))])
+                client = pool.get(7)
+                assert client is not None
+                sent: list = []
+                await run_generation(client, request("r", 4), sent.append, print)
+                return client.streams is not None, sent
+            finally:
+                await pool.close()
+
+    async def test_http2_by_default_and_grpc_on_request(self):
+        for http2 in (True, False):
+            on_http2, sent = await self.run_one(http2)
+            assert on_http2 is http2
+            assert isinstance(sent[-1], GenerateFinished) and sent[-1].completion_tokens == 4
+            assert sum(len(e.token_ids) for e in sent[:-1]) == 4
+
+    def test_an_unknown_transport_is_refused(self):
+        import pytest
+
+        from switchyard.dispatcher.service import DispatcherService
+
+        with pytest.raises(ValueError, match="--engine-streams"):
+            DispatcherService("tcp://127.0.0.1:0", "tcp://x:1", "tcp://x:2", engine_streams="h3")
