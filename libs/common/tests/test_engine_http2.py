@@ -122,7 +122,7 @@ class Peer:
         stream_id = _U32.unpack(head[5:])[0] & 0x7FFFFFFF
         payload = await self.reader.readexactly(int.from_bytes(head[:3], "big"))
         if kind == HEADERS:
-            self.heads[stream_id] = dict(self._decoder.decode(payload))
+            self.heads[stream_id] = dict(self._decoder.decode(payload))  # type: ignore[arg-type]
         elif kind == DATA:
             self.bodies.setdefault(stream_id, bytearray()).extend(payload)
         elif kind == http2.RST_STREAM:
