@@ -87,7 +87,7 @@ def start_server(port: int, host: str, registry: CollectorRegistry) -> threading
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]
     server_class = type("MetricsServer", (ThreadingWSGIServer,), {"address_family": family})
-    httpd = make_server(
+    httpd: ThreadingWSGIServer = make_server(
         str(sockaddr[0]), port, make_wsgi_app(registry), server_class, handler_class=_Quiet
     )
     thread = threading.Thread(
