@@ -17,7 +17,7 @@ from smg_grpc_proto.generated import common_pb2
 
 from switchyard.common import errors
 from switchyard.common.engines import wire
-from switchyard.common.engines.http2 import Http2Streams, StreamCall
+from switchyard.common.engines.http2 import Http2Streams, StreamCall, closed_error
 from switchyard.common.errors import EngineError
 from switchyard.protos.messages import (
     DeltaDetail,
@@ -165,9 +165,7 @@ class EngineClient(abc.ABC):
     stub: Any
 
     def _closed(self) -> EngineError:
-        return EngineError(
-            errors.DISCONNECTED, "the channel to the engine was closed", self.instance_id
-        )
+        return closed_error(self.instance_id)
 
     async def _rpc(
         self,

@@ -7,6 +7,8 @@ plaintext one; a TLS failure says so in the error.
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 import grpc
 
 from switchyard.common import errors
@@ -45,8 +47,8 @@ def open_channel(url: str, tls: EngineTls | None = None) -> grpc.aio.Channel:
 
 def open_streams(url: str, tls: EngineTls | None = None) -> Http2Streams:
     """The HTTP/2 streams transport to the engine at `url` (TLS as open_channel's)."""
-    host, _, port = grpc_target(url).rpartition(":")
-    host = host.strip("[]")  # an IPv6 literal
+    parts = urlsplit(normalize_url(url))
+    host, port = parts.hostname or "", parts.port or 0
     if not is_tls(url):
         context, server_name = None, None
     else:
@@ -54,7 +56,7 @@ def open_streams(url: str, tls: EngineTls | None = None) -> Http2Streams:
         context, server_name = tls.ssl_context(), tls.server_name or host
     return Http2Streams(
         host,
-        int(port),
+        port,
         ssl_context=context,
         server_hostname=server_name,
         keepalive_time=KEEPALIVE_TIME_MS / 1000,

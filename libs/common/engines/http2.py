@@ -126,6 +126,11 @@ def encode_headers(headers: list[tuple[str, str]]) -> bytes:
     return bytes(out)
 
 
+def closed_error(instance_id: int | None = None) -> EngineError:
+    """A call on (or under) a client that was closed: kind disconnected, as grpc.aio's."""
+    return EngineError(errors.DISCONNECTED, "the channel to the engine was closed", instance_id)
+
+
 def status_error(
     code: grpc.StatusCode, details: str, instance_id: int | None = None
 ) -> EngineError:
@@ -158,7 +163,6 @@ class StreamCall:
         "send_window",
         "unsent",
         "received",
-        "_headers_seen",
         "_on_items",
         "_stopped",
     )
@@ -180,7 +184,6 @@ class StreamCall:
         self.send_window = 0
         self.unsent = b""  # request bytes waiting for flow-control window
         self.received = 0  # stream data consumed since its last WINDOW_UPDATE
-        self._headers_seen = False
         self._on_items: Callable[[StreamCall], None] | None = None
         self._stopped = False  # the feed's consumer has every reply it wants
 
@@ -287,7 +290,6 @@ class StreamCall:
             code = _HTTP_STATUS.get(int(status) if status.isdigit() else 0)
             self.fail(status_error(code or grpc.StatusCode.UNKNOWN, f"HTTP status {status}"), True)
             return
-        self._headers_seen = True
         if not end_stream:
             return
         self.finish()
@@ -360,7 +362,6 @@ class Http2Connection(asyncio.Protocol):
         self._ping_deadline: asyncio.TimerHandle | None = None
         self._ping_payload = b""
         self._ping_failed = False
-        self.closed_by_us = False
 
     # -- the connection --------------------------------------------------------------------
 
@@ -380,9 +381,7 @@ class Http2Connection(asyncio.Protocol):
         self.lost = True
         self.usable = False
         self._stop_keepalive()
-        if self.closed_by_us:
-            error = EngineError(errors.DISCONNECTED, "the channel to the engine was closed")
-        elif self._ping_failed:
+        if self._ping_failed:
             error = status_error(
                 grpc.StatusCode.UNAVAILABLE, "keepalive ping not acknowledged in time"
             )
@@ -402,8 +401,9 @@ class Http2Connection(asyncio.Protocol):
         self._slot_waiters.clear()
 
     def close(self) -> None:
-        self.closed_by_us = True
+        """Closed by the client: its calls fail `disconnected` at once."""
         self.usable = False
+        self._fail_all(closed_error())
         if self.transport is not None and not self.lost:
             self.transport.close()
 
@@ -716,9 +716,7 @@ class Http2Streams:
 
     async def start(self, call: StreamCall, request: tuple[bytes, bytes]) -> None:
         if self.closed:
-            raise EngineError(
-                errors.DISCONNECTED, "the channel to the engine was closed", self.instance_id
-            )
+            raise closed_error(self.instance_id)
         try:
             conn = await self._connection()
             await conn.start(call, *request)
@@ -740,9 +738,7 @@ class Http2Streams:
             if not connecting.cancelled():  # the caller's own cancellation
                 raise
             # close() cancelled the connect: the call fails as the close's other calls do.
-            raise EngineError(
-                errors.DISCONNECTED, "the channel to the engine was closed", self.instance_id
-            ) from None
+            raise closed_error(self.instance_id) from None
         finally:
             if connecting.done() and self._connecting is connecting:
                 self._connecting = None
@@ -766,9 +762,7 @@ class Http2Streams:
             raise status_error(grpc.StatusCode.UNAVAILABLE, why, self.instance_id) from None
         if self.closed:
             conn.close()
-            raise EngineError(
-                errors.DISCONNECTED, "the channel to the engine was closed", self.instance_id
-            )
+            raise closed_error(self.instance_id)
         self._conn = conn
         return conn
 
@@ -792,8 +786,5 @@ class Http2Streams:
         for conn in [self._conn, *self._draining]:
             if conn is not None:
                 conn.close()
-                conn._fail_all(
-                    EngineError(errors.DISCONNECTED, "the channel to the engine was closed")
-                )
         self._conn = None
         self._draining.clear()

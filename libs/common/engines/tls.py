@@ -62,11 +62,8 @@ class EngineTls:
     def ssl_context(self) -> ssl.SSLContext:
         """The same trust and client certificate for an asyncio TLS connection (ALPN h2,
         as gRPC requires)."""
-        roots = self.ca if self.ca is not None else system_roots()
-        if roots is not None:
-            context = ssl.create_default_context(cadata=roots.decode())
-        else:
-            context = ssl.create_default_context()
+        # No CA given: the system's, which the default context loads.
+        context = ssl.create_default_context(cadata=self.ca.decode() if self.ca else None)
         if self.cert is not None and self.key is not None:
             # ssl loads a certificate chain from files only: a private folder, gone at once.
             with tempfile.TemporaryDirectory(prefix="switchyard-tls-") as folder:
