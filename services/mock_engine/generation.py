@@ -3,7 +3,11 @@
 `MockEngine.generate` is an async generator of `Step`s, one token per step. A request first
 matches its prompt against the prefix cache (`kv_cache`), waits its simulated prefill (by
 uncached tokens, see `timing`) plus --ttft-ms, stores its prompt's full blocks, then decodes
-one token per step, each step slower the more requests are running. Output blocks are stored
+one token per step, each step slower the more requests are running. Decode steps are the
+batch's, not each request's: one timer releases the next token of every running request that
+waits for it, as a continuous-batching engine's forward step does (SGLang's servicer hands a
+step's BatchTokenIDOutput to every request's stream in one go), so a client sees the tokens of
+one step arrive together. Output blocks are stored
 as they fill (vLLM policy) or when the request ends (SGLang policy); cache events go to the
 event sink. Pauses wake early on `abort`, so an aborted request ends at once with a
 `FinishReason.ABORT` step; a consumer that stops iterating (its gRPC call was cancelled) ends
@@ -107,12 +111,18 @@ class _Running:
             return
         loop = asyncio.get_running_loop()
         wake: asyncio.Future[None] = loop.create_future()
-        self._wake = wake
         timer = loop.call_later(delay_s, _settle, wake)
+        try:
+            await self.until(wake)
+        finally:
+            timer.cancel()
+
+    async def until(self, wake: asyncio.Future[None]) -> None:
+        """Wait for `wake` (settled by someone else); an abort ends the wait early."""
+        self._wake = wake
         try:
             await wake
         finally:
-            timer.cancel()
             self._wake = None
 
     def abort(self) -> None:
@@ -187,6 +197,9 @@ class MockEngine:
         # loop time the running one ends (decode steps due before then wait for it).
         self._prefill_slot = asyncio.Lock()
         self._prefill_busy_until = 0.0
+        # The batch's next decode step: its timer, and the wake-ups of the requests in it.
+        self._step_timer: asyncio.TimerHandle | None = None
+        self._stepping: list[asyncio.Future[None]] = []
 
     @property
     def max_prompt_tokens(self) -> int:
@@ -337,6 +350,28 @@ class MockEngine:
             step += max(0.0, self._prefill_busy_until - self._clock())
         return step
 
+    async def _next_step(self, running: _Running) -> None:
+        """Until the batch's next decode step: the first request to wait starts its timer (the
+        step's length from the batch size then), the others join that step."""
+        if running.aborted:
+            return
+        loop = asyncio.get_running_loop()
+        if self._step_timer is None:
+            delay = self._decode_delay()
+            if delay <= 0:
+                await asyncio.sleep(0)  # still let the other requests run
+                return
+            self._step_timer = loop.call_later(delay, self._step)
+        wake: asyncio.Future[None] = loop.create_future()
+        self._stepping.append(wake)
+        await running.until(wake)
+
+    def _step(self) -> None:
+        self._step_timer = None
+        stepping, self._stepping = self._stepping, []
+        for wake in stepping:
+            _settle(wake)
+
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Step]:
         """Validate and run one request (raises RequestRejected before the first step)."""
         self.validate(request)
@@ -455,7 +490,7 @@ class MockEngine:
                     faults.after_token(self.tokens_generated)
                 if finish is not None:
                     return
-                await running.pause(self._decode_delay())
+                await self._next_step(running)
         finally:
             del self._active[rid]
             if not finished:

@@ -192,6 +192,48 @@ class TestAbortAndCancel:
         assert engine.active_requests == 0
 
 
+class TestBatchSteps:
+    """Decode steps are the batch's: one step gives every running request its next token."""
+
+    async def test_requests_decoding_together_get_each_step_at_once(
+        self, facts: TokenizerFacts
+    ) -> None:
+        engine = make_engine(facts, itl_s=0.02)
+        loop = asyncio.get_running_loop()
+        times: dict[str, list[float]] = {"a": [], "b": []}
+
+        async def run(rid: str, delay: float) -> None:
+            await asyncio.sleep(delay)
+            request = GenerationRequest(rid, PROMPT, SamplingSpec(max_new_tokens=6))
+            async with aclosing(engine.generate(request)) as steps:
+                async for _ in steps:
+                    times[rid].append(loop.time())
+
+        # b starts a little after a; from its second token on, both are in the same steps
+        await asyncio.gather(run("a", 0.0), run("b", 0.007))
+        shared = [t for t in times["b"][1:] if any(abs(t - u) < 1e-3 for u in times["a"])]
+        assert len(shared) >= 3, times
+
+    async def test_an_abort_ends_only_its_own_wait(self, facts: TokenizerFacts) -> None:
+        engine = make_engine(facts, context_length=100_000, itl_s=0.05)
+        aborted: list[Step] = []
+
+        async def victim() -> None:
+            request = GenerationRequest("v", PROMPT, SamplingSpec(ignore_eos=True))
+            async with aclosing(engine.generate(request)) as steps:
+                async for step in steps:
+                    aborted.append(step)
+                    if len(aborted) == 1:
+                        loop = asyncio.get_running_loop()
+                        loop.call_soon(engine.abort, "v")  # while it waits for the step
+
+        task = asyncio.create_task(victim())
+        kept = await steps_of(engine, rid="other", max_new_tokens=3)
+        await task
+        assert aborted[-1].finish is not None and aborted[-1].finish.reason is FinishReason.ABORT
+        assert len(tokens(kept)) == 3 and finish_of(kept).reason is FinishReason.LENGTH
+
+
 class TestValidation:
     @pytest.mark.parametrize(
         ("prompt", "sampling"),
