@@ -204,6 +204,17 @@ class DealerClient:
     """A DEALER connected to one service endpoint. `handle(reply)` is called for every reply
     by the reader task; subclasses route replies to their waiters by request id.
 
+    Sends are batched per loop iteration: what the client has for the service in one
+    iteration (the requests of HTTP requests that reached the same stage together, the
+    notices of streams whose tokens came in one message) goes out on the next one as one
+    message, a list, which the service decodes as well as a single message: one send, one
+    wake-up and one read on each side instead of one per message (bench/hops.py route). A
+    lone message goes as itself. The first message of an iteration whose type is in `urgent`
+    (a request the caller then waits on) goes at once, with what was queued before it, in
+    order: holding it back to the next iteration made it wait for everything else the loop
+    had to do first (other requests' stages, the token batches read meanwhile), under load
+    most of its wait for the answer.
+
     `connected` follows the peer through the socket's monitor: False until the handshake
     with the service succeeds, and again as soon as the connection drops (the service died
     or restarts; ZMQ reconnects by itself). `on_disconnect()` is called on every drop.
@@ -214,6 +225,7 @@ class DealerClient:
         endpoint: str,
         decoder: msgspec.msgpack.Decoder,
         ctx: zmq.asyncio.Context | None = None,
+        urgent: tuple[type, ...] = (),
     ) -> None:
         self.endpoint = endpoint
         self._ctx = ctx or zmq.asyncio.Context.instance()
@@ -227,6 +239,10 @@ class DealerClient:
         self._watcher: asyncio.Task[None] | None = None
         self.connected = False
         self._connected = asyncio.Event()
+        self._urgent = urgent
+        self._queued: list[Any] = []
+        self._tick_pending = False  # a _tick is scheduled (on the next loop iteration)
+        self._sent_now = False  # an urgent message went at once since the last _tick
 
     def start(self) -> None:
         if self._io is None:
@@ -245,11 +261,31 @@ class DealerClient:
         self.send_now(message)
 
     def send_now(self, message: Any) -> None:
-        """Queue `message` for the service without waiting (the client must be started)."""
+        """Queue `message` for the service without waiting. Raises zmq.ZMQError when an
+        urgent message cannot be sent (the client is closing)."""
+        self._queued.append(message)
+        if not self._sent_now and type(message) in self._urgent:
+            self._sent_now = True
+            self._flush()
+        if not self._tick_pending:
+            self._tick_pending = True
+            asyncio.get_running_loop().call_soon(self._tick)
+
+    def _tick(self) -> None:
+        self._tick_pending = False
+        self._sent_now = False
+        if self._queued:
+            try:
+                self._flush()
+            except zmq.ZMQError as exc:  # closing: the callers time out or are failed
+                log.warning("messages to %s not sent: %s", self.endpoint, exc)
+
+    def _flush(self) -> None:
+        queued, self._queued = self._queued, []
         if self._io is None:
             self.start()
         assert self._io is not None
-        self._io.send(encode(message))
+        self._io.send(encode(queued[0] if len(queued) == 1 else queued))
 
     def handle(self, reply: Any) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -279,6 +315,7 @@ class DealerClient:
         self.handle(reply)
 
     async def close(self) -> None:
+        self._queued = []  # like the socket's LINGER 0: unsent messages are dropped
         if self._watcher is not None:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -307,8 +344,9 @@ class RequestReplyClient(DealerClient):
         decoder: msgspec.msgpack.Decoder,
         key: Callable[[Any], str],
         ctx: zmq.asyncio.Context | None = None,
+        urgent: tuple[type, ...] = (),
     ) -> None:
-        super().__init__(endpoint, decoder, ctx)
+        super().__init__(endpoint, decoder, ctx, urgent)
         self._key = key
         self._waiters: dict[str, asyncio.Future[Any]] = {}
 

@@ -172,6 +172,15 @@ class DispatcherService:
         if routed is None:
             return
         peer, message = routed
+        if type(message) is list:  # what the preprocessor had for us in one loop iteration
+            for one in message:
+                self._on_request(peer, one)
+        else:
+            self._on_request(peer, message)
+
+    def _on_request(
+        self, peer: bytes, message: GenerateRequest | EmbedRequest | CancelRequest
+    ) -> None:
         if isinstance(message, GenerateRequest | EmbedRequest):
             try:
                 self._start(peer, message)

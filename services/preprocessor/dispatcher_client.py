@@ -21,7 +21,12 @@ from switchyard.common import errors
 from switchyard.common.messaging import DealerClient
 from switchyard.preprocessor.reply_queue import ReplyQueue
 from switchyard.protos import codec
-from switchyard.protos.messages import CancelRequest, GenerateFailed, GenerateRequest
+from switchyard.protos.messages import (
+    CancelRequest,
+    EmbedRequest,
+    GenerateFailed,
+    GenerateRequest,
+)
 
 
 class NoDispatcher(errors.SwitchyardError):
@@ -30,7 +35,8 @@ class NoDispatcher(errors.SwitchyardError):
 
 class _Replica(DealerClient):
     def __init__(self, endpoint: str, streams: dict[str, GenerationStream]) -> None:
-        super().__init__(endpoint, codec.dispatcher_replies)
+        # A generation's start goes at once; cancels are batched (messaging.DealerClient).
+        super().__init__(endpoint, codec.dispatcher_replies, urgent=(GenerateRequest, EmbedRequest))
         self._all = streams
         self.streams: set[str] = set()  # request ids of the streams on this replica
 

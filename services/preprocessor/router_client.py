@@ -15,7 +15,6 @@ it do not each wait the route timeout.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import random
@@ -27,7 +26,6 @@ import zmq
 
 from switchyard.common.messaging import RequestReplyClient
 from switchyard.protos import codec
-from switchyard.protos.codec import encode
 from switchyard.protos.messages import (
     ROLE_PREFILL,
     Instance,
@@ -50,49 +48,20 @@ SUSPECT_S = 5.0
 
 
 class _Router(RequestReplyClient):
-    """One router replica. A route request waits on the router's answer, so the first one of
-    a loop iteration goes out at once, with the notices queued before it (in order); what else
-    the preprocessor has for the router in that iteration (the route requests of requests
-    arriving together, the progress notices of streams whose tokens came in the same
-    dispatcher message) goes out on the next one as one message, a list, answered by one
-    list: one send, one wake-up and one read on each side instead of one per message
-    (bench/hops.py route). A lone message goes as itself.
-
-    Holding the first route request back to the next iteration as well made it wait for
-    everything else the loop had to do first (other requests' stages, the token batches read
-    meanwhile): under load most of its wait for the router's answer."""
+    """One router replica. Route requests go at once, the progress notices are batched per
+    loop iteration (messaging.DealerClient)."""
 
     def __init__(self, endpoint: str) -> None:
-        super().__init__(endpoint, codec.route_response, key=lambda r: r.request_id)
+        super().__init__(
+            endpoint, codec.route_response, key=lambda r: r.request_id, urgent=(RouteRequest,)
+        )
         self.suspect_until = 0.0  # monotonic: skipped until then (it let a call time out)
-        self._queued: list[Any] = []
-        self._tick_pending = False  # a _tick is scheduled (on the next loop iteration)
-        self._sent_now = False  # a route request went at once since the last _tick
 
     def send_now(self, message: Any) -> None:
-        self._queued.append(message)
-        if type(message) is RouteRequest and not self._sent_now:
-            self._sent_now = True
-            try:
-                self._flush()
-            except zmq.ZMQError as exc:  # closing: the call times out, as from _tick
-                log.warning("route request to %s not sent: %s", self.endpoint, exc)
-        if not self._tick_pending:
-            self._tick_pending = True
-            asyncio.get_running_loop().call_soon(self._tick)
-
-    def _tick(self) -> None:
-        self._tick_pending = False
-        self._sent_now = False
-        if self._queued:
-            self._flush()
-
-    def _flush(self) -> None:
-        queued, self._queued = self._queued, []
-        if self._io is None:
-            self.start()
-        assert self._io is not None
-        self._io.send(encode(queued[0] if len(queued) == 1 else queued))
+        try:
+            super().send_now(message)
+        except zmq.ZMQError as exc:  # closing: the call times out, as from _tick
+            log.warning("route request to %s not sent: %s", self.endpoint, exc)
 
     def handle(self, reply: Any) -> None:
         self.suspect_until = 0.0  # it answers (maybe late): no longer suspect
@@ -101,10 +70,6 @@ class _Router(RequestReplyClient):
                 super().handle(one)
         else:
             super().handle(reply)
-
-    async def close(self) -> None:
-        self._queued = []  # like the socket's LINGER 0: unsent messages are dropped
-        await super().close()
 
 
 class LocalFallback:

@@ -362,6 +362,7 @@ class Http2Connection(asyncio.Protocol):
         self._ping_deadline: asyncio.TimerHandle | None = None
         self._ping_payload = b""
         self._ping_failed = False
+        self._out = bytearray()  # frames queued in this loop iteration (see _write)
 
     # -- the connection --------------------------------------------------------------------
 
@@ -380,6 +381,7 @@ class Http2Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         self.usable = False
+        self._out.clear()
         self._stop_keepalive()
         if self._ping_failed:
             error = status_error(
@@ -405,7 +407,25 @@ class Http2Connection(asyncio.Protocol):
         self.usable = False
         self._fail_all(closed_error())
         if self.transport is not None and not self.lost:
+            self._flush()
             self.transport.close()
+
+    def _write(self, data: bytes | bytearray) -> None:
+        """Queue frames for the engine. Everything queued in one loop iteration (the requests
+        of the streams started together, their RST_STREAMs and WINDOW_UPDATEs) goes in one
+        write on the next: one send syscall, which on loopback also runs the engine's side of
+        TCP, instead of one per frame."""
+        out = self._out
+        if not out:
+            self._loop.call_soon(self._flush)
+        out += data
+
+    def _flush(self) -> None:
+        out = self._out
+        if out:
+            self._out = bytearray()
+            if self.transport is not None and not self.lost:
+                self.transport.write(out)
 
     # -- starting and ending streams ---------------------------------------------------------
 
@@ -434,7 +454,7 @@ class Http2Connection(asyncio.Protocol):
                 out += frame(CONTINUATION, 0 if rest else END_HEADERS, stream_id, chunk)
         call.unsent = b"\x00" + _U32.pack(len(message)) + message
         self._send_data(call, out)
-        self.transport.write(out)
+        self._write(out)
         if call.unsent:
             self._blocked.append(call)
         if self._ping_timer is None:
@@ -466,13 +486,14 @@ class Http2Connection(asyncio.Protocol):
                 waiting.append(call)
         self._blocked = waiting
         if out:
-            self.transport.write(out)
+            self._write(out)
 
     def release(self, call: StreamCall) -> None:
         """A stream ended: its slot is free for a waiting call."""
         if self.calls.pop(call.stream_id, None) is None:
             return
         if not self.usable and not self.calls and self.transport is not None:
+            self._flush()
             self.transport.close()  # after GOAWAY: its last stream ended
             return
         waiters = self._slot_waiters
@@ -484,7 +505,7 @@ class Http2Connection(asyncio.Protocol):
 
     def reset(self, stream_id: int, code: int) -> None:
         if self.transport is not None and not self.lost:
-            self.transport.write(frame(RST_STREAM, 0, stream_id, _U32.pack(code)))
+            self._write(frame(RST_STREAM, 0, stream_id, _U32.pack(code)))
 
     # -- keepalive ---------------------------------------------------------------------------
 
@@ -496,7 +517,7 @@ class Http2Connection(asyncio.Protocol):
         if self._ping_deadline is not None:
             return  # the last ping is still unanswered: its deadline stands
         self._ping_payload = os.urandom(8)
-        self.transport.write(frame(PING, 0, 0, self._ping_payload))
+        self._write(frame(PING, 0, 0, self._ping_payload))
         self._ping_deadline = self._loop.call_later(
             self._streams.keepalive_timeout, self._ping_timed_out
         )
@@ -561,8 +582,7 @@ class Http2Connection(asyncio.Protocol):
         self._buffer = buf[pos:] if pos < size else b""
 
     def _refill(self, stream_id: int, amount: int) -> None:
-        assert self.transport is not None
-        self.transport.write(frame(WINDOW_UPDATE, 0, stream_id, _U32.pack(amount)))
+        self._write(frame(WINDOW_UPDATE, 0, stream_id, _U32.pack(amount)))
 
     def _header_frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
         if kind == HEADERS:
@@ -604,7 +624,7 @@ class Http2Connection(asyncio.Protocol):
                     self.peer_frame = value
                 elif key == SETTINGS_MAX_CONCURRENT_STREAMS:
                     self.peer_streams = value
-            transport.write(frame(SETTINGS, ACK, 0))
+            self._write(frame(SETTINGS, ACK, 0))
             self._send_blocked()
         elif kind == WINDOW_UPDATE:
             increment = _U32.unpack(payload[:4])[0] & 0x7FFFFFFF
@@ -618,7 +638,7 @@ class Http2Connection(asyncio.Protocol):
             self._send_blocked()
         elif kind == PING:
             if not flags & ACK:
-                transport.write(frame(PING, ACK, 0, payload))
+                self._write(frame(PING, ACK, 0, payload))
             elif payload == self._ping_payload and self._ping_deadline is not None:
                 self._ping_deadline.cancel()
                 self._ping_deadline = None
@@ -643,6 +663,7 @@ class Http2Connection(asyncio.Protocol):
             self._fail_all(status_error(grpc.StatusCode.UNAVAILABLE, why), above=last)
             self._streams.connection_gone(self)
             if not self.calls:
+                self._flush()
                 transport.close()
         elif kind == PUSH_PROMISE:
             self._protocol_error("the engine sent PUSH_PROMISE (push is off)")
@@ -652,6 +673,7 @@ class Http2Connection(asyncio.Protocol):
         log.warning("engine instance_id=%s: %s", self._streams.instance_id, why)
         self._fail_all(status_error(grpc.StatusCode.INTERNAL, why))
         if self.transport is not None:
+            self._flush()
             self.transport.write(frame(GOAWAY, 0, 0, _U32.pack(0) + _U32.pack(0x1)))
             self.transport.abort()
         self.lost = True  # read no further; connection_lost follows

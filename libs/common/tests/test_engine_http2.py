@@ -456,6 +456,50 @@ class TestFraming:
         assert why in error.message and peer.resets == {1: 0x2}  # INTERNAL_ERROR
 
 
+class Recording:
+    """A transport that keeps every write it passes on."""
+
+    def __init__(self, transport, writes: list[bytes]) -> None:
+        self._transport, self.writes = transport, writes
+
+    def write(self, data) -> None:
+        self.writes.append(bytes(data))
+        self._transport.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self._transport, name)
+
+
+def frame_kinds(raw: bytes) -> list[int]:
+    kinds, pos = [], 0
+    while pos < len(raw):
+        kinds.append(raw[pos + 3])
+        pos += 9 + int.from_bytes(raw[pos : pos + 3], "big")
+    return kinds
+
+
+class TestWrites:
+    async def test_streams_started_together_go_to_the_engine_in_one_write(self, monkeypatch):
+        writes: list[bytes] = []
+        made = http2.Http2Connection.connection_made
+        monkeypatch.setattr(
+            http2.Http2Connection,
+            "connection_made",
+            lambda conn, transport: made(conn, Recording(transport, writes)),
+        )
+
+        async def script(peer):
+            await peer.requests(3)
+            peer.send(*(answer(stream_id, reply(stream_id)) for stream_id in (1, 3, 5)))
+
+        async with fake_engine(script) as engine, streams_to(engine.port) as streams:
+            got = await asyncio.gather(*(drain(generate(streams, f"r{i}")) for i in range(3)))
+        assert got == [([[1]], None), ([[3]], None), ([[5]], None)]
+        # The preface and settings when connected, then the three requests in one write.
+        assert len(writes) == 2
+        assert frame_kinds(writes[1]) == [HEADERS, DATA] * 3
+
+
 class TestCancel:
     async def test_the_engine_sees_the_call_cancelled_and_other_streams_go_on(self):
         servicer = Servicer(hold=True)

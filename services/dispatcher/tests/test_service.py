@@ -232,3 +232,21 @@ class TestGenerateExtras:
         replies = await s.replies("after", GenerateFinished)
         assert isinstance(replies[-1], GenerateFinished)
         await wait_until(lambda: s.engines["generation"].engine.active_requests == 0)
+
+
+class TestBatchedRequests:
+    async def test_a_list_of_requests_in_one_message_is_taken_in_order(
+        self, dispatcher_stack: Stack
+    ) -> None:
+        """What a preprocessor had in one loop iteration comes as one list: each starts, and a
+        cancel after its generation in the list stops it."""
+        s = dispatcher_stack
+        sampling = SamplingParams(max_tokens=100000, temperature=1.0, ignore_eos=True)
+        await s.send([generate(s, "a"), generate(s, "gone", sampling=sampling), generate(s, "b")])
+        for rid in ("a", "b"):
+            assert isinstance((await s.replies(rid, GenerateFinished))[-1], GenerateFinished)
+        [first] = await s.replies("gone", TokenDelta)
+        assert isinstance(first, TokenDelta)
+        await s.send([CancelRequest("gone"), generate(s, "c")])
+        assert isinstance((await s.replies("c", GenerateFinished))[-1], GenerateFinished)
+        await wait_until(lambda: s.engines["generation"].engine.active_requests == 0)

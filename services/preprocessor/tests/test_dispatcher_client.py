@@ -52,3 +52,45 @@ class TestOpen:
                 await client.open(REQUEST)
         finally:
             await client.close()
+
+
+class TestBatching:
+    async def test_the_first_start_of_an_iteration_goes_at_once_the_rest_and_cancels_as_a_list(
+        self, tmp_path
+    ):
+        endpoint = f"ipc://{tmp_path}/dispatcher"
+        ctx = zmq.asyncio.Context()
+        server = ctx.socket(zmq.ROUTER)
+        server.setsockopt(zmq.LINGER, 0)
+        server.bind(endpoint)
+        client = DispatcherClient([endpoint])
+
+        def request(rid: str) -> GenerateRequest:
+            return GenerateRequest(
+                request_id=rid, instance_id=1, token_ids=[1], sampling=SamplingParams(max_tokens=2)
+            )
+
+        async def received(count: int) -> list[object]:
+            got = []
+            async with asyncio.timeout(10):
+                for _ in range(count):
+                    _, payload = await server.recv_multipart()
+                    got.append(codec.dispatcher_request.decode(payload))
+            return got
+
+        try:
+            client.start()
+            assert await client.wait_connected(10)
+            streams = await asyncio.gather(*(client.open(request(rid)) for rid in "abc"))
+            first, rest = await received(2)
+            assert first == request("a")  # sent before the loop ran anything else
+            assert [m.request_id for m in rest] == ["b", "c"]
+            await asyncio.gather(*(stream.cancel() for stream in streams))
+            [cancels] = await received(1)
+            assert [(type(m).__name__, m.request_id) for m in cancels] == [
+                ("CancelRequest", rid) for rid in "abc"
+            ]
+        finally:
+            await client.close()
+            server.close(linger=0)
+            ctx.term()
