@@ -64,6 +64,22 @@ def thread_cpu(pid: int) -> dict[str, float]:
     return out
 
 
+def wakeups(pid: int) -> int:
+    """Voluntary context switches of every thread of a process so far: each is a sleep that
+    ended in a wake-up (an epoll, a futex, a ZMQ mailbox), a count the machine's speed does
+    not change, unlike CPU seconds."""
+    count = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            status = (task / "status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                count += int(line.split()[1])
+    return count
+
+
 def frame_name(frame: str) -> str:
     """`func (path/to/module.py:12)` -> `func (module.py)`: lines merged per function."""
     func, _, where = frame.partition(" (")
@@ -204,11 +220,13 @@ def main() -> None:
                 meter = CpuMeter(groups)
                 before = meter.snapshot()
                 threads_before = {name: thread_cpu(pid) for name, pid in pids.items()}
+                wakeups_before = {name: wakeups(pid) for name, pid in pids.items()}
                 ready = procs.log_dir / "switchyard.json"
                 batching_before = dispatcher_batching(ready)
                 wall = asyncio.run(load(args.requests, "run"))
                 cpu = meter.diff(before, meter.snapshot())
                 batching_after = dispatcher_batching(ready)
+                woken = {name: wakeups(pid) - wakeups_before[name] for name, pid in pids.items()}
                 threads = {
                     name: {
                         thread: spent - threads_before[name].get(thread, 0.0)
@@ -242,6 +260,10 @@ def main() -> None:
             f"({replies / args.requests:.1f} replies, {messages / args.requests:.1f} messages "
             "per request)"
         )
+    print(
+        "wake-ups per request: "
+        + ", ".join(f"{name} {count / args.requests:.1f}" for name, count in sorted(woken.items()))
+    )
     for name, spent in threads.items():
         print(
             f"  {name} threads: "
