@@ -172,6 +172,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--router-arg=--disagg-min-uncached-tokens=512)",
     )
     parser.add_argument(
+        "--dispatcher-arg",
+        action="append",
+        default=[],
+        help="extra flag passed to every dispatcher (repeat; e.g. "
+        "--dispatcher-arg=--reply-window-ms=0)",
+    )
+    parser.add_argument(
         "--preprocessor-arg",
         action="append",
         default=[],
@@ -409,7 +416,7 @@ class Launcher:
             cmd += ["--drain-timeout", str(args.drain_timeout), *tls]
             cmd += ["--shutdown-grace", str(args.shutdown_grace)]
             cmd += ["--engine-streams", args.engine_streams]
-            return cmd + self._metrics(report)
+            return cmd + self._metrics(report) + args.dispatcher_arg
 
         middle = [(f"router-{i}", router(i)) for i in range(args.routers)]
         middle += [(f"dispatcher-{i}", dispatcher) for i in range(args.dispatchers)]

@@ -13,6 +13,7 @@ from switchyard.common.ports import add_port_arguments, write_ready_file
 from switchyard.common.runner import run_until_signal
 from switchyard.dispatcher.channels import DEFAULT_DRAIN_TIMEOUT
 from switchyard.dispatcher.service import (
+    DEFAULT_REPLY_WINDOW,
     DEFAULT_SHUTDOWN_GRACE,
     DEFAULT_STALL_TIMEOUT,
     ENGINE_STREAMS,
@@ -71,6 +72,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "connection (about half the CPU per token), or grpc, a grpc.aio channel; other calls "
         f"always use gRPC's channel (default {ENGINE_STREAMS_HTTP2})",
     )
+    parser.add_argument(
+        "--reply-window-ms",
+        type=seconds,
+        default=DEFAULT_REPLY_WINDOW * 1000,
+        metavar="MS",
+        help="under load, the replies for a preprocessor go out together at most once per this "
+        "many milliseconds (the tokens of an engine's decode step arrive spread over a "
+        "fraction of one); an idle dispatcher sends at once (0: every loop iteration; "
+        f"default {DEFAULT_REPLY_WINDOW * 1000:g})",
+    )
     add_engine_tls_arguments(parser)
     add_metrics_arguments(parser, "dispatcher")
     add_port_arguments(parser)
@@ -94,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
             shutdown_grace=args.shutdown_grace,
             tls=tls,
             engine_streams=args.engine_streams,
+            reply_window=args.reply_window_ms / 1000,
         )
         metrics_port = serve_metrics(
             service.metrics.registry, args.metrics_host, args.metrics_port, args.port_range

@@ -1,10 +1,19 @@
-"""Replies to the preprocessors, batched per peer and per event-loop iteration.
+"""Replies to the preprocessors, batched per peer: per event-loop iteration, and under load
+per reply window.
 
-Many streams get their next token in the same loop iteration (one gRPC poll wakes them all).
-Each reply is queued for its peer, and one flush, scheduled when the first reply of the
-iteration is queued, sends every peer one ZMQ message holding all its replies (a msgpack array).
-One send per peer per iteration instead of one per token: fewer syscalls here, fewer wake-ups
-and reads in the preprocessor.
+Each reply is queued for its peer, and one flush sends every peer one ZMQ message holding all
+its replies (a msgpack array): one send per peer instead of one per token, so fewer syscalls
+here and fewer wake-ups and reads in the preprocessor.
+
+When the flush runs: an engine's decode step gives every running request its next token at
+once, but the step's replies reach the dispatcher spread over a fraction of a millisecond (the
+engine writes each stream on its own), so flushing on the next loop iteration alone sent about
+three replies per message. After a flush, the next one waits until `window` seconds have
+passed since it; an idle dispatcher (the last flush longer ago than that) flushes on the next
+iteration, so a lone stream's tokens, which come an inter-token latency apart, wait for
+nothing. Measured with bench/hotspots.py (2 mock engines, 16 tokens per request; a 0.5 ms
+window against none): replies per message 2.9 -> 12.2 at concurrency 128 and 3.0 -> 6.5 at 32,
+the preprocessor's wake-ups per request 8.0 -> 3.6 at 128.
 """
 
 from __future__ import annotations
@@ -28,17 +37,27 @@ class Outbox:
         sock: LoopSocket,
         on_peer_gone: Callable[[bytes], None],
         metrics: DispatcherMetrics | None = None,
+        window: float = 0.0,
     ) -> None:
+        if window < 0:
+            raise ValueError(f"the reply window must be >= 0, got {window}")
         self._sock = sock
         self._on_peer_gone = on_peer_gone
         self._metrics = metrics
         self._pending: dict[bytes, list[object]] = {}
         self._loop = asyncio.get_running_loop()
+        self._window = window
+        self._flushed_at = -window  # loop time of the last flush
 
     def post(self, peer: bytes, reply: object) -> None:
         pending = self._pending
         if not pending:
-            self._loop.call_soon(self.flush)
+            loop = self._loop
+            due = self._flushed_at + self._window
+            if loop.time() < due:
+                loop.call_at(due, self.flush)
+            else:
+                loop.call_soon(self.flush)
         batch = pending.get(peer)
         if batch is None:
             pending[peer] = [reply]
@@ -47,6 +66,7 @@ class Outbox:
 
     def flush(self) -> None:
         pending, self._pending = self._pending, {}
+        self._flushed_at = self._loop.time()
         if self._metrics is not None:
             self._metrics.messages.inc(len(pending))
             self._metrics.replies.inc(sum(len(replies) for replies in pending.values()))

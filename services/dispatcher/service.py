@@ -48,6 +48,8 @@ DEFAULT_SHUTDOWN_GRACE = 30.0
 # half the CPU per token of grpc.aio, bench/hops.py grpc) or the grpc.aio channel.
 ENGINE_STREAMS_HTTP2 = "http2"
 ENGINE_STREAMS = (ENGINE_STREAMS_HTTP2, "grpc")
+# Under load, replies to a preprocessor go at most once per this many seconds (see Outbox).
+DEFAULT_REPLY_WINDOW = 0.0005
 
 
 class DispatcherService:
@@ -62,6 +64,7 @@ class DispatcherService:
         shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
         tls: EngineTls | None = None,
         engine_streams: str = ENGINE_STREAMS_HTTP2,
+        reply_window: float = DEFAULT_REPLY_WINDOW,
     ) -> None:
         if shutdown_grace < 0:
             raise ValueError(f"--shutdown-grace must be >= 0, got {shutdown_grace}")
@@ -69,6 +72,9 @@ class DispatcherService:
         # None: off. Else an engine silent on every stream this long has its streams failed.
         self.stall = StallWatch(stall_timeout) if stall_timeout else None
         self.shutdown_grace = shutdown_grace
+        if reply_window < 0:
+            raise ValueError(f"--reply-window-ms must be >= 0, got {reply_window * 1000:g}")
+        self.reply_window = reply_window
         self._by_instance: dict[int, set[tuple[bytes, str]]] = {}
         self.metrics = DispatcherMetrics()
         if engine_streams not in ENGINE_STREAMS:
@@ -117,7 +123,7 @@ class DispatcherService:
             )
             log.info("dispatcher ready bind=%s instances=%d", self.bind, len(self.pool))
             self._io = LoopSocket(sock, self._on_message, multipart=True)
-            self._outbox = Outbox(self._io, self._peer_gone, self.metrics)
+            self._outbox = Outbox(self._io, self._peer_gone, self.metrics, self.reply_window)
             watchdog = asyncio.create_task(self._watch_stalls()) if self.stall else None
             await stop.wait()
             await self._finish_streams()

@@ -73,3 +73,34 @@ async def test_a_gone_peer_is_reported_and_the_others_still_served(pair):
     outbox.post(id_a, TokenDelta("r1", [1]))
     assert await recv(a) == [TokenDelta("r1", [1])]
     assert gone == [b"vanished"]
+
+
+async def test_an_idle_outbox_sends_at_once_whatever_its_window(pair):
+    router, (a, _), (id_a, _) = pair
+    outbox = Outbox(router, lambda peer: None, window=3600.0)
+    outbox.post(id_a, TokenDelta("r1", [1]))
+    assert await recv(a) == [TokenDelta("r1", [1])]  # not an hour later
+
+
+async def test_after_a_flush_replies_wait_for_the_window_and_go_together(pair):
+    router, (a, _), (id_a, _) = pair
+    loop = asyncio.get_running_loop()
+    window = 0.3
+    outbox = Outbox(router, lambda peer: None, window=window)
+    before = loop.time()  # the first flush is later than this
+    outbox.post(id_a, TokenDelta("r1", [1]))
+    assert await recv(a) == [TokenDelta("r1", [1])]
+    outbox.post(id_a, TokenDelta("r1", [2]))
+    await asyncio.sleep(0)  # a later loop iteration: it still waits
+    outbox.post(id_a, TokenDelta("r2", [3]))
+    assert await recv(a) == [TokenDelta("r1", [2]), TokenDelta("r2", [3])]
+    assert loop.time() >= before + window
+
+
+def test_a_negative_window_is_refused():
+    with pytest.raises(ValueError, match="reply window"):
+        asyncio.run(_outbox_with_window(-1.0))
+
+
+async def _outbox_with_window(window: float) -> None:
+    Outbox(None, lambda peer: None, window=window)  # type: ignore[arg-type]
