@@ -116,16 +116,19 @@ class FakeHttp:
         self.status: int | None = None
         self.writes: list[bytes] = []
         self.ended = False
+        self.last = b""  # what the end of the stream carried
 
     async def start_stream(self) -> None:
         self.status = 200
 
     async def write(self, data: bytes) -> None:
+        assert not self.ended, "a write after the end of the stream"
         self.writes.append(data)
 
     async def end_stream(self, data: bytes = b"") -> None:
         if data:
             self.writes.append(data)
+        self.last = data
         self.ended = True
 
     async def respond(self, status: int, body: bytes) -> None:

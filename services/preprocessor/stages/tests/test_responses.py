@@ -234,6 +234,12 @@ class TestStream:
         assert kind == "response.incomplete"
         assert data["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
 
+    async def test_the_closing_events_go_with_the_end_of_the_stream(self, bundle):
+        d = deps(bundle, FakeRouter([1]), FakeDispatcher(replying(bundle, "Hello there")))
+        _, http = await run(d, body(stream=True))
+        assert b"event: response.completed" in http.last
+        assert not any(b"response.completed" in write for write in http.writes[:-1])
+
     async def test_batched_replies_are_one_delta(self, bundle):
         d = deps(
             bundle,
