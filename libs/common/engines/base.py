@@ -123,6 +123,41 @@ def _caller_cancelled() -> bool:
     return task is not None and task.cancelling() > 0
 
 
+class _PlainReplies:
+    """One choice, no logprobs (the per-token hot path): each Generate reply becomes its
+    events. Both families send delta token ids in chunks; a streamed `complete` repeats the
+    last chunk's tokens, so its output ids count only when not streaming."""
+
+    __slots__ = ("request_id", "whole", "generated", "complete", "_finished")
+
+    def __init__(
+        self, request: GenerateRequest, finished: Callable[[str, Any, int], GenerateFinished]
+    ) -> None:
+        self.request_id = request.request_id
+        self.whole = not request.stream
+        self.generated = 0
+        self.complete = False
+        self._finished = finished
+
+    def convert(self, reply: Any, emit: Callable[[Any], None]) -> bool:
+        """Emit the reply's events; True once it was the final message."""
+        if reply.HasField("chunk"):
+            ids = reply.chunk.token_ids
+            if ids:
+                self.generated += len(ids)
+                emit(TokenDelta(self.request_id, list(ids)))
+            return False
+        if not reply.HasField("complete"):
+            return False
+        done = reply.complete
+        if self.whole and done.output_ids:
+            self.generated += len(done.output_ids)
+            emit(TokenDelta(self.request_id, list(done.output_ids)))
+        emit(self._finished(self.request_id, done, self.generated))
+        self.complete = True
+        return True
+
+
 class EngineClient(abc.ABC):
     """One engine behind one gRPC channel. Methods raise EngineError with a kind.
 
@@ -294,30 +329,14 @@ class EngineClient(abc.ABC):
         call = self._call(
             self._built(request), call_metadata(request.http_request_id, request.traceparent)
         )
-        request_id = request.request_id
-        whole = not request.stream
-        generated = 0
-        complete = False
-        finished = self._finished
+        plain = _PlainReplies(request, self._finished)
+        convert = plain.convert
 
         def on_items(call: StreamCall) -> None:
-            nonlocal generated, complete
             items = call.items
             while items:
-                reply = items.popleft()
-                if reply.HasField("chunk"):
-                    ids = reply.chunk.token_ids
-                    if ids:
-                        generated += len(ids)
-                        emit(TokenDelta(request_id, list(ids)))
-                elif reply.HasField("complete"):
-                    done = reply.complete
-                    if whole and done.output_ids:
-                        generated += len(done.output_ids)
-                        emit(TokenDelta(request_id, list(done.output_ids)))
-                    emit(finished(request_id, done, generated))
+                if convert(items.popleft(), emit):
                     items.clear()
-                    complete = True
                     call.stop_reading()  # no reset: the engine ends the stream itself
                     return
 
@@ -327,7 +346,7 @@ class EngineClient(abc.ABC):
         except BaseException:
             call.cancel()
             raise
-        if not complete:
+        if not plain.complete:
             raise EngineError(
                 errors.DISCONNECTED, "stream ended without complete", self.instance_id
             )
@@ -350,25 +369,19 @@ class EngineClient(abc.ABC):
     async def _generate_plain(
         self, request: GenerateRequest, built: Any
     ) -> AsyncIterator[GenerateEvent]:
-        """One choice, no logprobs: the per-token hot path."""
-        request_id = request.request_id
+        """One choice, no logprobs, on a grpc.aio call (stream_into converts the HTTP/2
+        streams' replies in their read callback)."""
         call = self._call(built, call_metadata(request.http_request_id, request.traceparent))
-        generated = 0
+        plain = _PlainReplies(request, self._finished)
+        events: list[GenerateEvent] = []
         complete = False  # every final message read: the engine ends the stream itself
         try:
             async for reply in call:
-                if reply.HasField("chunk"):
-                    ids = reply.chunk.token_ids
-                    if ids:
-                        generated += len(ids)
-                        yield TokenDelta(request_id, list(ids))
-                elif reply.HasField("complete"):
-                    done = reply.complete
-                    if not request.stream and done.output_ids:
-                        generated += len(done.output_ids)
-                        yield TokenDelta(request_id, list(done.output_ids))
-                    complete = True
-                    yield self._finished(request_id, done, generated)
+                complete = plain.convert(reply, events.append)
+                for event in events:
+                    yield event
+                events.clear()
+                if complete:
                     return
         except grpc.aio.AioRpcError as exc:
             raise self._error(exc) from exc
