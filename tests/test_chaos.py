@@ -368,3 +368,67 @@ def test_overloaded_engine_is_avoided():
         got = asyncio.run(run_streams(stack.base))
         check_identical(expected, got)
         assert "kind=overloaded" in stack.procs.log("preprocessor")
+
+
+async def whole_requests(base: str, fault=None, timeout: float = 120) -> list[Outcome]:
+    """The same 32 requests, not streamed: the engines answer each with one final message.
+    `fault()` runs once the router counts all of them in flight (no token shows before)."""
+    async with openai.AsyncOpenAI(
+        base_url=base + "/v1", api_key="none", max_retries=0, timeout=timeout
+    ) as client:
+
+        async def one(n: int) -> Outcome:
+            reply = await client.chat.completions.create(
+                model=MODEL,
+                messages=prompt(n),
+                max_tokens=MAX_TOKENS,
+                temperature=0,
+                extra_body={"ignore_eos": True},
+            )
+            choice = reply.choices[0]
+            usage = reply.usage
+            return Outcome(
+                choice.message.content or "",
+                choice.finish_reason,
+                usage.completion_tokens if usage else -1,
+            )
+
+        tasks = [asyncio.create_task(one(n)) for n in range(STREAMS)]
+        if fault is not None:
+
+            def in_flight() -> bool:
+                return sum(w["in_flight"] for w in models_instances(base)) == STREAMS
+
+            await asyncio.to_thread(wait_until, in_flight, 30, 0.02, "every request in flight")
+            await asyncio.to_thread(fault)
+        return await asyncio.gather(*tasks)
+
+
+def test_whole_requests_survive_a_killed_and_a_frozen_engine():
+    """Requests the client does not stream go to the engine whole (stream off): a killed
+    engine's requests restart from the prompt elsewhere, a frozen one's once the HTTP/2
+    keepalive gives up on it (its 12 + 4 s; the gap timeout does not watch whole requests).
+    The answers are the streamed ones, byte for byte."""
+    with chaos_stack(dispatcher_args=("--stall-timeout", "1")) as stack:
+        expected = asyncio.run(run_streams(stack.base))
+        check_identical(expected, asyncio.run(whole_requests(stack.base)))
+
+        def kill_engine():
+            stack.procs.kill(stack.busiest_engine())
+
+        check_identical(expected, asyncio.run(whole_requests(stack.base, fault=kill_engine)))
+        assert "after 0 tokens" in stack.procs.log("preprocessor")  # restarted from the prompt
+
+        frozen: list[str] = []
+
+        def freeze_engine():
+            frozen.append(stack.busiest_engine())
+            stack.procs.signal(frozen[0], signal.SIGSTOP)
+
+        try:
+            got = asyncio.run(whole_requests(stack.base, fault=freeze_engine, timeout=60))
+        finally:
+            for name in frozen:
+                stack.procs.signal(name, signal.SIGCONT)
+        check_identical(expected, got)
+        assert "keepalive ping not acknowledged" in stack.procs.log("preprocessor")

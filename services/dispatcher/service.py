@@ -257,9 +257,13 @@ class DispatcherService:
         if isinstance(request, EmbedRequest):
             job = run_embed(client, request, send, self._report_down, count)
         else:
-            ttft = metrics.engine_ttft.labels(*worker)
+            # A whole reply (stream off) times the first token only when it holds one token
+            # (the vLLM prefill leg); else it times the whole generation.
+            ttft = None
+            if request.stream or request.sampling.max_tokens == 1:
+                ttft = metrics.engine_ttft.labels(*worker).observe
             job = run_generation(
-                client, request, send, self._report_down, count, on_first_token=ttft.observe
+                client, request, send, self._report_down, count, on_first_token=ttft
             )
         task = asyncio.create_task(job)
         self._tasks[key] = task

@@ -8,8 +8,10 @@
 (one line; with `--log-format json` the same fields are JSON keys). `worker` is the engine
 that produced the output (several, comma-separated, when the choices of a request ran on
 different engines); `prefill_worker` the prefill engine of a disaggregated request. Failed
-requests are logged too, with their `error` code; a client that left before its answer was
-complete has status 499 and client_disconnect=true. Off with `--no-access-log`.
+requests are logged too, with their `error` code; `ttft_ms` is empty for a request asked of
+the engine whole (not streamed: no token comes before the last); a client that left before
+its answer was complete has status 499 and client_disconnect=true. Off with
+`--no-access-log`.
 """
 
 from __future__ import annotations

@@ -220,6 +220,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "failed and migrates (a frozen engine)",
     )
     parser.add_argument(
+        "--engine-streaming",
+        choices=("auto", "always"),
+        default="auto",
+        help="auto (default): a request the client does not stream is asked of the engine "
+        "whole, one final message (as smg and vLLM's own server do: no per-token cost), "
+        "unless it has stop strings or a prefill hop; a fault restarts it from the prompt. "
+        "always: every engine request streams, so the gap timeout watches it and a "
+        "migration keeps its tokens",
+    )
+    parser.add_argument(
         "--dispatcher-wait",
         type=float,
         default=30.0,
@@ -343,6 +353,7 @@ def run(args: argparse.Namespace) -> int:
             route_timeout=args.route_timeout,
             stream_idle_timeout=args.stream_idle_timeout,
             stream_gap_timeout=args.stream_gap_timeout,
+            engine_streaming=args.engine_streaming,
             stage_timing=args.stage_timing,
             dispatcher_wait=args.dispatcher_wait,
             migration_limit=args.migration_limit,

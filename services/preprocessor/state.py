@@ -53,6 +53,7 @@ class PreprocessorConfig:
     route_timeout: float = 5.0
     stream_idle_timeout: float = 60.0  # for an attempt's first token
     stream_gap_timeout: float = 5.0  # between tokens, once they flow
+    engine_streaming: str = "auto"  # auto: non-streamed requests go whole; always: stream
     dispatcher_wait: float = 30.0  # for a connected dispatcher (one restarting)
     migration_limit: int = 3
     tokenize_offload_chars: int = OFFLOAD_CHARS
@@ -75,6 +76,8 @@ class PreprocessorConfig:
             raise ValueError("timeouts must be positive")
         if self.dispatcher_wait < 0:
             raise ValueError("--dispatcher-wait must be >= 0")
+        if self.engine_streaming not in ("auto", "always"):
+            raise ValueError("--engine-streaming must be auto or always")
         if self.migration_limit < 0:
             raise ValueError("--migration-limit must be >= 0")
         if self.tokenize_offload_chars < 0:
@@ -122,6 +125,7 @@ class PreprocessorState:
                 gap_timeout=cfg.stream_gap_timeout,
                 migration_limit=cfg.migration_limit,
                 offload_chars=cfg.tokenize_offload_chars,
+                whole_replies=cfg.engine_streaming == "auto",
             ),
             timer=StageTimer(self.metrics.stage_seconds) if cfg.stage_timing else None,
             tracing=self._tracing(),

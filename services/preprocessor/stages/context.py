@@ -51,6 +51,10 @@ class Limits:
     hop_attempts: int = 2  # the prefill hop: first try + one retry
     busy_seconds: float = 1.0  # how long an overloaded engine is avoided
     offload_chars: int = 2048  # texts this long are tokenized on a worker thread
+    # A request the client does not stream is asked of the engine whole (one final message)
+    # unless something needs its tokens as they come (see Generation.start); False: always
+    # stream from the engine (--engine-streaming always).
+    whole_replies: bool = True
 
 
 @dataclass(frozen=True, slots=True)

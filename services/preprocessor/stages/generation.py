@@ -9,6 +9,15 @@ so far with max_tokens reduced: the engines are deterministic per context, so th
 one stream. Choices that already diverged go on as one request each (their contexts differ).
 Migration is thus a loop around route -> stream, driven by the token loop. A fault that
 cannot migrate, or the migration limit, raises EngineError.
+
+A request the client does not stream is asked of the engine whole (`stream=False`: one final
+message with every token, as smg and vLLM's own server ask), which spares the engine, the
+dispatcher and this process the per-token work. Not when something needs the tokens as they
+come: stop strings (matched here, and a match stops the engine early) and the prefill hop (the
+decode leg's first token tells a failed KV transfer from a failed decode). A whole attempt
+that fails restarts from the prompt, and the watchdog's timeouts do not apply to it (silence
+is its normal state); the dispatcher's stall watch, the HTTP/2 keepalive, the fleet's health
+probes and the request's deadline still end it.
 """
 
 from __future__ import annotations
@@ -62,6 +71,7 @@ class Generation:
         "exclude",
         "hops",
         "got_tokens",
+        "whole",
         "last",
         "open",
         "unfinished",
@@ -93,6 +103,7 @@ class Generation:
         self.exclude: list[int] = []
         self.hops = 0
         self.got_tokens = False  # this attempt produced a token
+        self.whole = False  # this attempt asked the engine for one final message
         self.last = 0.0  # loop time of this attempt's last reply (the watchdog reads it)
         self.open = False  # an attempt is running
         self.unfinished = len(choices)
@@ -148,6 +159,9 @@ class Generation:
                 min_tokens=max(0, sampling.min_tokens - len(generated)),
             )
         state = ctx.state
+        req = ctx.inp.request
+        streams = req.stream or bool(req.sampling.stop) or pair is not None
+        whole = deps.limits.whole_replies and not streams
         request = GenerateRequest(
             request_id=self.attempt_id,
             instance_id=instance_id,
@@ -158,11 +172,13 @@ class Generation:
             reasoning=state.reasoning,
             data_parallel_rank=routed.dp_rank,  # the rank the router chose (None: the engine's)
             http_request_id=ctx.inp.request_id,
+            stream=not whole,
         )
         if trace is not None:
             request = self._dispatch_span(trace, request, routed, pair)
         self.instance_id = instance_id
         self.got_tokens = False
+        self.whole = whole
         self.unfinished = sum(1 for c in choices if not c.done)
         state.attempts[self.attempt_id] = self
         t0 = time.perf_counter()

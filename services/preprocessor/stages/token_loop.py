@@ -124,7 +124,8 @@ async def stream(ctx: RequestContext, sink: Sink) -> None:
                     if not ids:
                         continue
                     choice.generated += ids
-                    got_tokens = True
+                    if not gen.whole:  # a whole reply's time is no first token's, no ITL
+                        got_tokens = True
                     if not gen.got_tokens:
                         gen.got_tokens = True
                         if isinstance(gen.stream, HopStream):

@@ -1,7 +1,8 @@
 """Notices attempts that went silent, and the request's own end, without a timer per token.
 
 An attempt may wait `first_token_timeout` for its first reply (a long prefill is legitimate)
-and `gap_timeout` between replies after that (a frozen engine is not). The request itself may
+and `gap_timeout` between replies after that (a frozen engine is not). An attempt asked of the
+engine whole is silent until it ends: these two do not apply to it. The request itself may
 have a deadline (`end_at`: --request-timeout, or the client's request-timeout-ms), and may be
 ended early by a shutdown past its grace (`end_now`). The token loop stamps each attempt's
 `last` reply time; the watchdog keeps one timer per request, set for the earliest of these
@@ -92,7 +93,7 @@ class Watchdog:
         return gen.last + (self._gap if gen.got_tokens else self._first)
 
     def _earliest(self) -> float | None:
-        times = [self.deadline(g) for g in self._gens if g.open]
+        times = [self.deadline(g) for g in self._gens if g.open and not g.whole]
         if self._end_at is not None:
             times.append(self._end_at)
         return min(times) if times else None
@@ -136,7 +137,7 @@ class Watchdog:
 
     def overdue(self) -> list[Generation]:
         now = self._loop.time()
-        return [g for g in self._gens if g.open and self.deadline(g) <= now]
+        return [g for g in self._gens if g.open and not g.whole and self.deadline(g) <= now]
 
     def cancel(self) -> None:
         if self._handle is not None:

@@ -10,8 +10,8 @@ from switchyard.preprocessor.reply_queue import ReplyQueue
 from switchyard.preprocessor.stages.watchdog import Shutdown, Watchdog
 
 
-def attempt(last: float, got_tokens: bool = True) -> SimpleNamespace:
-    return SimpleNamespace(open=True, got_tokens=got_tokens, last=last)
+def attempt(last: float, got_tokens: bool = True, whole: bool = False) -> SimpleNamespace:
+    return SimpleNamespace(open=True, got_tokens=got_tokens, last=last, whole=whole)
 
 
 class TestWatchdog:
@@ -24,6 +24,15 @@ class TestWatchdog:
         await asyncio.wait_for(queue.wait(), 10)  # woken by the timer
         assert watchdog.expired and watchdog.overdue() == [gen]
         assert watchdog.end_error() is None  # the request itself has no deadline
+        watchdog.cancel()
+
+    async def test_a_whole_attempt_is_never_overdue(self):
+        loop = asyncio.get_running_loop()
+        queue = ReplyQueue()
+        whole = attempt(loop.time() - 100.0, got_tokens=False, whole=True)
+        watchdog = Watchdog(queue, [whole], 0.01, 0.01)
+        watchdog.arm()
+        assert watchdog.overdue() == [] and watchdog._handle is None  # no timer at all
         watchdog.cancel()
 
     async def test_deadline_wakes_the_loop_and_ends_the_request(self):

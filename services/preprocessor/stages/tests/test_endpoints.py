@@ -229,13 +229,21 @@ class TestMigration:
 
 
 class TestWatchdog:
+    """Attempts that stream from the engine (whole_replies=False: --engine-streaming always)."""
+
     async def test_silent_before_the_first_token_migrates(self, bundle):
         def script(req):
             return (
                 None if req.instance_id == 1 else [tokens(req.request_id, 8), done(req.request_id)]
             )
 
-        d = deps(bundle, FakeRouter([1, 2]), FakeDispatcher(script), first_token_timeout=0.05)
+        d = deps(
+            bundle,
+            FakeRouter([1, 2]),
+            FakeDispatcher(script),
+            first_token_timeout=0.05,
+            whole_replies=False,
+        )
         status, _ = await run(d, chat_body())
         assert status == 200
         assert [r.instance_id for r in d.dispatcher.requests] == [1, 2]
@@ -254,6 +262,7 @@ class TestWatchdog:
             FakeDispatcher(script),
             first_token_timeout=60.0,
             gap_timeout=0.05,
+            whole_replies=False,
         )
         status, http = await run(d, chat_body())
         assert status == 200 and http.json()["usage"]["completion_tokens"] == 2
@@ -268,13 +277,84 @@ class TestWatchdog:
             stream.queue.put_nowait(done(stream.request.request_id))
 
         dispatcher = FakeDispatcher(lambda r: None)
-        d = deps(bundle, FakeRouter([1, 2]), dispatcher, first_token_timeout=5.0, gap_timeout=0.05)
+        d = deps(
+            bundle,
+            FakeRouter([1, 2]),
+            dispatcher,
+            first_token_timeout=5.0,
+            gap_timeout=0.05,
+            whole_replies=False,
+        )
         serving = asyncio.create_task(run(d, chat_body()))
         while not dispatcher.streams:
             await asyncio.sleep(0.01)
         await late(dispatcher.streams[0])
         status, _ = await serving
         assert status == 200 and len(dispatcher.requests) == 1
+
+
+class TestWholeReplies:
+    """A request the client does not stream is asked of the engine whole (stream off), unless
+    stop strings or a prefill hop need its tokens as they come."""
+
+    @pytest.mark.parametrize(
+        ("fields", "limits", "whole"),
+        [
+            ({}, {}, True),
+            ({"stream": True}, {}, False),
+            ({"stop": ["END"]}, {}, False),
+            ({}, {"whole_replies": False}, False),
+        ],
+    )
+    async def test_which_requests_go_whole(self, bundle, fields, limits, whole):
+        dispatcher = FakeDispatcher(lambda r: [tokens(r.request_id, 7), done(r.request_id)])
+        d = deps(bundle, FakeRouter([1]), dispatcher, **limits)
+        status, _ = await run(d, chat_body(**fields))
+        assert status == 200
+        assert dispatcher.requests[0].stream is not whole
+
+    async def test_a_prefill_hop_streams(self, bundle):
+        dispatcher = FakeDispatcher(lambda r: [tokens(r.request_id, 7), done(r.request_id)])
+        d = deps(bundle, FakeRouter([1], prefill=9), dispatcher)
+        status, _ = await run(d, chat_body())
+        assert status == 200
+        assert len(dispatcher.requests) == 2  # the prefill and decode legs
+        assert all(r.stream for r in dispatcher.requests)
+
+    async def test_a_long_silent_whole_attempt_is_not_timed_out(self, bundle):
+        """Silence is a whole attempt's normal state: neither watchdog timeout applies."""
+        ids = ids_of(bundle, "a late answer")
+        dispatcher = FakeDispatcher(lambda r: None)
+        d = deps(
+            bundle, FakeRouter([1, 2]), dispatcher, first_token_timeout=0.05, gap_timeout=0.05
+        )
+        serving = asyncio.create_task(run(d, chat_body()))
+        while not dispatcher.streams:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)
+        stream = dispatcher.streams[0]
+        stream.queue.put_nowait(tokens(stream.request.request_id, *ids))
+        stream.queue.put_nowait(done(stream.request.request_id))
+        status, http = await serving
+        assert status == 200 and len(dispatcher.requests) == 1
+        assert http.json()["choices"][0]["message"]["content"] == "a late answer"
+
+    async def test_a_failed_whole_attempt_restarts_from_the_prompt(self, bundle):
+        ids = ids_of(bundle, "the answer")
+
+        def script(req):
+            if req.instance_id == 1:
+                return [failed(req.request_id, 1, errors.DISCONNECTED)]
+            return [tokens(req.request_id, *ids), done(req.request_id)]
+
+        dispatcher = FakeDispatcher(script)
+        d = deps(bundle, FakeRouter([1, 2]), dispatcher)
+        status, http = await run(d, chat_body())
+        assert status == 200
+        assert http.json()["choices"][0]["message"]["content"] == "the answer"
+        first, second = dispatcher.requests
+        assert second.token_ids == first.token_ids and not second.stream
+        assert second.sampling.max_tokens == first.sampling.max_tokens
 
 
 class TestFailures:
