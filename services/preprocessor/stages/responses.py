@@ -32,7 +32,7 @@ import orjson
 from switchyard.preprocessor.errors import RequestError
 from switchyard.preprocessor.parsers import ParsedDelta, ToolCallDelta
 from switchyard.preprocessor.stages.choice import ChoiceOutput
-from switchyard.preprocessor.stages.sinks import HttpOut, Usage
+from switchyard.preprocessor.stages.sinks import HttpOut, SseBody, Usage
 
 MESSAGE, REASONING, CALL = "message", "reasoning", "function_call"
 _PREFIX = {MESSAGE: "msg", REASONING: "rs", CALL: "fc"}
@@ -174,21 +174,18 @@ class _Item:
         return self.done("in_progress")
 
 
-class ResponseStreamSink:
-    __slots__ = ("_http", "_head", "_seq", "_out", "_item", "_pending", "_items", "_announced",
-                 "_incomplete", "started")  # fmt: skip
+class ResponseStreamSink(SseBody):
+    __slots__ = ("_head", "_seq", "_item", "_pending", "_items", "_announced", "_incomplete")
 
     def __init__(self, http: HttpOut, head: ResponseHead) -> None:
-        self._http = http
+        super().__init__(http)
         self._head = head
         self._seq = 0
-        self._out: list[bytes] = []
         self._item: _Item | None = None
         self._pending: list[str] = []  # the open item's text not yet in a delta event
         self._items: list[dict[str, Any]] = []  # finished output items
         self._announced = False  # response.created went out
         self._incomplete = False  # max_output_tokens cut the output
-        self.started = False
 
     # --- frames ---------------------------------------------------------------------------
 
@@ -302,16 +299,8 @@ class ResponseStreamSink:
             self._open(MESSAGE)  # an empty answer is still a message
         self._close("incomplete" if self._incomplete else "completed")
 
-    async def flush(self) -> None:
+    def _queue_held(self) -> None:
         self._delta()
-        if not self._out:
-            return
-        data = b"".join(self._out)
-        self._out.clear()
-        if not self.started:
-            self.started = True
-            await self._http.start_stream()
-        await self._http.write(data)
 
     async def end(self, choices: list[ChoiceOutput], usage: Usage) -> None:
         self._announce()
@@ -333,17 +322,6 @@ class ResponseStreamSink:
         self._event("response.failed", {"response": body})
         await self._last()
         return True
-
-    async def _last(self) -> None:
-        """The events left and the end of the body in one write (one syscall and one segment
-        where flush + end_stream took two)."""
-        self._delta()
-        data = b"".join(self._out)
-        self._out.clear()
-        if not self.started:
-            self.started = True
-            await self._http.start_stream()
-        await self._http.end_stream(data)
 
 
 class ResponseCollectSink:

@@ -87,19 +87,53 @@ def _merge_calls(pending: list[ToolCallDelta], calls: tuple[ToolCallDelta, ...])
             pending.append(ToolCallDelta(call.index, call.id, call.name, call.arguments))
 
 
-class StreamSink:
+class SseBody:
+    """An event-stream body: frames queue in `_out` and go out in one write per batch (the
+    output a subclass holds back to merge is queued first, `_queue_held`); the last write
+    carries the end of the body too (one syscall and one segment where flush + end took two)."""
+
+    __slots__ = ("_http", "_out", "started")
+
+    def __init__(self, http: HttpOut) -> None:
+        self._http = http
+        self._out: list[bytes] = []
+        self.started = False  # the status line and headers went out
+
+    def _queue_held(self) -> None:
+        pass
+
+    async def flush(self) -> None:
+        self._queue_held()
+        out = self._out
+        if not out:
+            return
+        data = b"".join(out) if len(out) > 1 else out[0]
+        out.clear()
+        if not self.started:
+            self.started = True
+            await self._http.start_stream()
+        await self._http.write(data)
+
+    async def _last(self) -> None:
+        self._queue_held()
+        data = b"".join(self._out)
+        self._out.clear()
+        if not self.started:
+            self.started = True
+            await self._http.start_stream()
+        await self._http.end_stream(data)
+
+
+class StreamSink(SseBody):
     __slots__ = (
-        "_http",
         "_frames",
         "_chat",
         "_include_usage",
-        "_out",
         "_at",
         "_text",
         "_reasoning",
         "_calls",
         "_lp",
-        "started",
     )
 
     def __init__(
@@ -109,17 +143,15 @@ class StreamSink:
         chat: bool,
         include_usage: bool,
     ) -> None:
-        self._http = http
+        super().__init__(http)
         self._frames = frames
         self._chat = chat
         self._include_usage = include_usage
-        self._out: list[bytes] = []
         self._at = -1  # the choice whose output is pending (not framed yet)
         self._text: list[str] = []
         self._reasoning: list[str] = []
         self._calls: list[ToolCallDelta] = []
         self._lp: Any = None  # chat: list of content entries; completions: a logprobs dict
-        self.started = False  # the status line and headers went out
 
     def _open(self, choice: ChoiceOutput) -> None:
         if self._at != choice.index and self._at != -1:
@@ -189,17 +221,9 @@ class StreamSink:
         self._frame()
         self._out.append(self._frames.finish(choice.finish_reason or "stop", choice.index))
 
-    async def flush(self) -> None:
+    def _queue_held(self) -> None:
         if self._at != -1:
             self._frame()
-        if not self._out:
-            return
-        data = b"".join(self._out) if len(self._out) > 1 else self._out[0]
-        self._out.clear()
-        if not self.started:
-            self.started = True
-            await self._http.start_stream()
-        await self._http.write(data)
 
     async def end(self, choices: list[ChoiceOutput], usage: Usage) -> None:
         if self._include_usage:
@@ -226,18 +250,6 @@ class StreamSink:
         self._out.append(sse.DONE)
         await self._last()
         return True
-
-    async def _last(self) -> None:
-        """The frames left and the end of the body go out in one write (one syscall and one
-        segment where flush + end_stream took two)."""
-        if self._at != -1:
-            self._frame()
-        data = b"".join(self._out)
-        self._out.clear()
-        if not self.started:
-            self.started = True
-            await self._http.start_stream()
-        await self._http.end_stream(data)
 
 
 class _Collected:
