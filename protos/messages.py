@@ -151,6 +151,9 @@ class RouteRequest(msgspec.Struct, frozen=True, kw_only=True, tag="route"):
     exclude: list[int] = []  # instance ids that already failed this request
     dry_run: bool = False  # decide and explain, but book no load (POST /debug/route)
     session_id: str | None = None  # x-session-id header or the OpenAI `user` field
+    # The engine is asked for one final message (the client does not stream) unless a prefill
+    # hop is picked: no first token will time its prefill.
+    whole: bool = False
 
 
 class WorkerScore(msgspec.Struct, frozen=True, kw_only=True):

@@ -139,6 +139,7 @@ class RouterCore:
         if now >= self._next_expiry:
             self.tracker.expire(now)
             self._next_expiry = now + _EXPIRE_EVERY_S
+        self.tracker.prefilled(now)
         if self._busy:
             self.expire_busy(now)
         model = request.model
@@ -273,10 +274,12 @@ class RouterCore:
 
     def _book(self, ctx: RouteContext, chosen: Worker, hop: Worker | None, now: float) -> None:
         request_id = ctx.request.request_id
+        # A whole request (no hop) shows no first token before its end: it times nothing.
+        untimed = ctx.request.whole and hop is None
         # With a hop the decode worker receives the prompt's KV: nothing to prefill there.
         self._place(
             ctx, chosen, request_id, now, prefills=hop is None,
-            learn=hop is None and chosen.instance.local_prefill,
+            learn=hop is None and chosen.instance.local_prefill and not untimed, untimed=untimed,
         )  # fmt: skip
         if hop is not None:  # freed at the request's first token (the prefill is done by then)
             self._place(ctx, hop, request_id + PREFILL_BOOKING, now, prefills=True, learn=True)
@@ -286,18 +289,25 @@ class RouterCore:
 
     def _place(
         self, ctx: RouteContext, w: Worker, booking_id: str, now: float, *, prefills: bool,
-        learn: bool,
+        learn: bool, untimed: bool = False,
     ) -> None:  # fmt: skip
         """Book the prompt's blocks and its load on one worker (`prefills`: it computes the
-        uncached part itself)."""
+        uncached part itself; `untimed`: no first token will say when that is done, so the
+        worker's fitted prefill speed predicts it)."""
         prompt = ctx.prompt_tokens
         uncached = prompt
         if ctx.hashes:
             self._book_blocks(ctx, w, now)
             uncached -= int(cached_tokens(ctx, w, self._offload_weight)[0])
+        prefill = uncached if prefills else 0
+        prefilled_at = None
+        if untimed:
+            speed = self.time.speed(w.key)
+            ahead = self.tracker.load(w.key).prefill_tokens
+            prefilled_at = now + speed.base + speed.slope * (ahead + prefill)
         self.tracker.add(
-            booking_id, w.key, now, prefill_tokens=uncached if prefills else 0, tokens=prompt,
-            kv_tokens=uncached, learn=learn,
+            booking_id, w.key, now, prefill_tokens=prefill, tokens=prompt,
+            kv_tokens=uncached, learn=learn, prefilled_at=prefilled_at,
         )  # fmt: skip
 
     def _book_blocks(self, ctx: RouteContext, w: Worker, now: float) -> None:

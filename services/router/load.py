@@ -4,7 +4,9 @@ InFlightTracker: a request is added when routed, its prefill is done at its firs
 it is freed at the end; a notice that never comes (a preprocessor died) expires after `ttl`
 seconds. Per worker it sums requests in flight, requests not prefilled yet, their uncached
 prompt tokens (the prefill queue the time model reads) and the prompt tokens of every request
-in flight. At the first token it reports how long the prefill took, for the time model.
+in flight. At the first token it reports how long the prefill took, for the time model. A
+request asked of its engine whole has no first token until its end: its prefill counts as
+done at the time the router predicted for it (`prefilled_at`), and it times nothing.
 
 EngineLoads: the latest report per worker (GetLoads polls, or the load records on a
 SubscribeKvEvents stream), kept in the `EngineLoad` objects the workers point at. A report
@@ -13,6 +15,7 @@ older than `stale_after` seconds reads as none.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +52,7 @@ class InFlightTracker:
         self.ttl = ttl
         self._requests: dict[str, _Entry] = {}
         self._loads: dict[WorkerKey, RouterLoad] = {}
+        self._untimed: list[tuple[float, str]] = []  # (predicted end of prefill, request id)
 
     def load(self, key: WorkerKey) -> RouterLoad:
         """The worker's load object (created on first use, kept while the worker exists)."""
@@ -73,9 +77,12 @@ class InFlightTracker:
         tokens: int = 0,
         learn: bool = False,
         kv_tokens: int | None = None,
+        prefilled_at: float | None = None,
     ) -> None:
         """`tokens`: its prompt; `kv_tokens`: those not cached there (default: all of them);
-        `prefill_tokens`: those the worker will compute (none when a hop prefills them)."""
+        `prefill_tokens`: those the worker will compute (none when a hop prefills them);
+        `prefilled_at`: no first-token notice will come before the end, so its prefill counts
+        as done then (see `prefilled`)."""
         self.finish(request_id)  # a re-route (migration) replaces the old placement
         load = self.load(key)
         kv = tokens if kv_tokens is None else kv_tokens
@@ -87,6 +94,15 @@ class InFlightTracker:
         load.prefill_tokens += prefill_tokens
         load.active_tokens += tokens
         load.kv_tokens += kv
+        if prefilled_at is not None:
+            heapq.heappush(self._untimed, (prefilled_at, request_id))
+
+    def prefilled(self, now: float) -> None:
+        """The untimed requests whose predicted prefill is over no longer queue prefill work
+        (a cheap check per route: the earliest time first)."""
+        untimed = self._untimed
+        while untimed and untimed[0][0] <= now:
+            self.first_token(heapq.heappop(untimed)[1])
 
     def first_token(self, request_id: str, now: float | None = None) -> FirstToken | None:
         entry = self._requests.get(request_id)

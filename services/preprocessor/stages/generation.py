@@ -159,9 +159,7 @@ class Generation:
                 min_tokens=max(0, sampling.min_tokens - len(generated)),
             )
         state = ctx.state
-        req = ctx.inp.request
-        streams = req.stream or bool(req.sampling.stop) or pair is not None
-        whole = deps.limits.whole_replies and not streams
+        whole = self.whole_unless_hop() and pair is None
         request = GenerateRequest(
             request_id=self.attempt_id,
             instance_id=instance_id,
@@ -255,6 +253,11 @@ class Generation:
             block = instance.block_size
             self.predicted = (min(routed.overlap_blocks * block, len(self.prompt_ids)), block)
 
+    def whole_unless_hop(self) -> bool:
+        """The attempt asks the engine for one final message, unless it goes through a hop."""
+        req = self.ctx.inp.request
+        return self.ctx.deps.limits.whole_replies and not (req.stream or req.sampling.stop)
+
     async def _route(self, span: Span | None = None) -> RouteResponse:
         ctx = self.ctx
         deps = ctx.deps
@@ -265,6 +268,7 @@ class Generation:
                 token_ids=self.prompt_ids,
                 exclude=self.exclude,
                 session_id=ctx.inp.session_id,
+                whole=self.whole_unless_hop(),
             ),
             deps.limits.route_timeout,
         )

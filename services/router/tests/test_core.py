@@ -65,6 +65,21 @@ class TestLoadBookkeeping:
         c.progress(RouteProgress("a", first, STAGE_FINISHED))
         assert c.route(req("c"), now=0).response.instance_id == first
 
+    def test_a_whole_request_teaches_the_time_model_nothing(self):
+        """Its first token comes with its last: that time is no prefill's. Its prefill
+        booking ends at the time the model predicted (a few ms for two tokens)."""
+        c = core(inst(1), mode="kv")
+        whole = RouteRequest(request_id="w", model="m", token_ids=[1, 2], whole=True)
+        c.route(whole, now=0)
+        load = c.tracker.load((1, 0))
+        assert load.in_prefill == 1
+        c.route(req("x"), now=1.0)  # any later route releases the predicted prefills
+        assert load.in_prefill == 1  # x's own
+        c.progress(RouteProgress("w", 1, STAGE_FIRST_TOKEN), now=30.0)
+        assert c.time.own_speed((1, 0)).n == 0
+        c.progress(RouteProgress("x", 1, STAGE_FIRST_TOKEN), now=1.5)
+        assert c.time.own_speed((1, 0)).n == 1  # a streamed request does teach it
+
     def test_removed_instance_forgets_its_load(self):
         c = core(inst(1), inst(2))
         c.route(req("a"), now=0)

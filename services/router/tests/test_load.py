@@ -32,6 +32,19 @@ class TestInFlightTracker:
         t.add("c", A, now=1, prefill_tokens=50)  # learn=False: a decode leg
         assert t.first_token("c", now=2) is None
 
+    def test_an_untimed_prefill_ends_at_its_predicted_time(self):
+        """A whole request: its prefill counts until the predicted time, then not; its end
+        (the first notice that comes) times nothing."""
+        t = InFlightTracker()
+        t.add("a", A, now=0, prefill_tokens=100, learn=False, prefilled_at=2.0)
+        t.prefilled(1.9)
+        assert counts(t, A) == (1, 1) and t.load(A).prefill_tokens == 100
+        t.prefilled(2.0)
+        assert counts(t, A) == (1, 0) and t.load(A).prefill_tokens == 0
+        assert t.first_token("a", now=5) is None
+        t.finish("a")
+        assert counts(t, A) == (0, 0)
+
     def test_notices_are_idempotent(self):
         t = InFlightTracker()
         t.add("a", A, now=0)
