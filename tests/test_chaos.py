@@ -432,3 +432,25 @@ def test_whole_requests_survive_a_killed_and_a_frozen_engine():
                 stack.procs.signal(name, signal.SIGCONT)
         check_identical(expected, got)
         assert "keepalive ping not acknowledged" in stack.procs.log("preprocessor")
+
+
+def test_a_frozen_dispatcher_is_left_for_the_other():
+    """A SIGSTOPped dispatcher keeps its TCP connections open, and whole requests are silent
+    until done, so no stream timeout watches them: the preprocessor's ZMQ heartbeat drops
+    the connection (4 s without an answer), and its requests go through the other one."""
+    with chaos_stack(dispatchers=2) as stack:
+        expected = asyncio.run(run_streams(stack.base))
+        frozen: list[str] = []
+
+        def freeze_dispatcher():
+            frozen.append("dispatcher-0")
+            stack.procs.signal("dispatcher-0", signal.SIGSTOP)
+
+        try:
+            got = asyncio.run(whole_requests(stack.base, fault=freeze_dispatcher, timeout=60))
+        finally:
+            for name in frozen:
+                stack.procs.signal(name, signal.SIGCONT)
+        check_identical(expected, got)
+        log = stack.procs.log("preprocessor")
+        assert "lost connection to" in log and "went away" in log

@@ -218,6 +218,11 @@ class DealerClient:
     `connected` follows the peer through the socket's monitor: False until the handshake
     with the service succeeds, and again as soon as the connection drops (the service died
     or restarts; ZMQ reconnects by itself). `on_disconnect()` is called on every drop.
+
+    With `heartbeat` (seconds), libzmq pings the service four times per `heartbeat` and drops
+    the connection when nothing came back for `heartbeat` seconds: a frozen service (SIGSTOP,
+    a hung host) keeps its TCP connection open, so only this tells. Its pongs come from its
+    ZMQ I/O thread, which a busy event loop does not hold up.
     """
 
     def __init__(
@@ -226,10 +231,14 @@ class DealerClient:
         decoder: msgspec.msgpack.Decoder,
         ctx: zmq.asyncio.Context | None = None,
         urgent: tuple[type, ...] = (),
+        heartbeat: float | None = None,
     ) -> None:
         self.endpoint = endpoint
         self._ctx = ctx or zmq.asyncio.Context.instance()
         self._sock: zmq.Socket[Any] = new_socket(self._ctx, zmq.DEALER, sync=True)
+        if heartbeat:
+            self._sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, round(heartbeat * 250)))
+            self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, round(heartbeat * 1000)))
         self._monitor = self._sock.get_monitor_socket(
             zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
         )

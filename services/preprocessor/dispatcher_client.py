@@ -4,7 +4,9 @@ One DEALER per dispatcher replica; each generation stays on the replica it start
 cancel must reach the same one). Replies are fanned out to per-request queues by the reader.
 When a replica's connection drops, every stream it carried is failed at once (kind
 `disconnected`, not the engine's fault), so the pipeline migrates them through another
-replica instead of waiting for the idle timeout.
+replica instead of waiting for the idle timeout. A frozen replica (SIGSTOP, a hung host)
+keeps its connection open: the ZMQ heartbeat drops it after HEARTBEAT_S without an answer.
+That is what moves a request asked of its engine whole, which no stream timeout watches.
 
 `open` waits (up to `wait_s`) for a replica to be connected: while the only dispatcher
 restarts (`switchyard up` restarts a crashed child after a backoff of up to 10 s, then it
@@ -33,10 +35,18 @@ class NoDispatcher(errors.SwitchyardError):
     """No dispatcher replica is connected."""
 
 
+HEARTBEAT_S = 4.0  # as the dispatcher's own stall timeout (an engine silent on every stream)
+
+
 class _Replica(DealerClient):
     def __init__(self, endpoint: str, streams: dict[str, GenerationStream]) -> None:
         # A generation's start goes at once; cancels are batched (messaging.DealerClient).
-        super().__init__(endpoint, codec.dispatcher_replies, urgent=(GenerateRequest, EmbedRequest))
+        super().__init__(
+            endpoint,
+            codec.dispatcher_replies,
+            urgent=(GenerateRequest, EmbedRequest),
+            heartbeat=HEARTBEAT_S,
+        )
         self._all = streams
         self.streams: set[str] = set()  # request ids of the streams on this replica
 
