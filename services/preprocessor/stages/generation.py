@@ -17,7 +17,7 @@ come: stop strings (matched here, and a match stops the engine early) and the pr
 decode leg's first token tells a failed KV transfer from a failed decode). A whole attempt
 that fails restarts from the prompt, and the watchdog's timeouts do not apply to it (silence
 is its normal state); the dispatcher's stall watch, the HTTP/2 keepalive, the fleet's health
-probes and the request's deadline still end it.
+probes, the heartbeat to a frozen dispatcher and the request's deadline still end it.
 """
 
 from __future__ import annotations
