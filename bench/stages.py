@@ -6,7 +6,11 @@ tokenize turn by turn (issue 13).
    sums are read before and after each run, next to the CPU seconds of every process, and
    reported per request (microseconds) and as a share of the preprocessor's CPU. The rest of
    the preprocessor's CPU is outside the stages: HTTP parsing (uvicorn), the event loop, the
-   ZMQ readers.
+   ZMQ readers. For streamed runs, where the TTFT goes (means): as the client sees it, as the
+   preprocessor sees it (from its handler's start to the first token's frames), and the
+   engine's own (at the dispatcher, from its Generate to the first token). Client minus
+   preprocessor is the HTTP hop both ways (and each side's wait for a CPU); preprocessor minus
+   engine minus the stages before it is the two ZMQ hops through the dispatcher.
 2. Multi-turn tokenization: one conversation grown turn by turn to ~32k tokens; each turn's
    prompt rendered and tokenized as the preprocessor does (cached segments) vs a full encode of
    the same text, in this process.
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import re
 import shutil
 import sys
@@ -42,6 +47,10 @@ from switchyard.preprocessor.tokenizer import TokenizerBundle, default_tokenizer
 
 HERE = Path(__file__).resolve().parent
 _SERIES = re.compile(r'^switchyard_preprocessor_stage_seconds_(sum|count)\{stage="(\w+)"\} (\S+)$')
+_TTFT = {  # histograms of the first token's time: (metric, where)
+    "preprocessor": "switchyard_preprocessor_time_to_first_token_seconds",
+    "engine": "switchyard_dispatcher_engine_time_to_first_token_seconds",
+}
 _BUCKET = re.compile(
     r'^switchyard_preprocessor_stage_seconds_bucket\{le="([^"]+)",stage="(\w+)"\} (\S+)$'
 )
@@ -72,6 +81,26 @@ def _scrape(
             buckets.setdefault(stage, []).append((float(le), float(count)))
     sums = {stage: (v[0], v[1]) for stage, v in out.items()}
     return sums, {stage: sorted(b) for stage, b in buckets.items()}
+
+
+def histogram_total(url: str, name: str) -> tuple[float, float]:
+    """(seconds, observations) of one histogram, summed over its label sets."""
+    total = [0.0, 0.0]
+    for line in httpx.get(url, timeout=10).text.splitlines():
+        for i, suffix in enumerate(("_sum", "_count")):
+            if line.startswith(name + suffix):
+                total[i] += float(line.rsplit(" ", 1)[1])
+    return total[0], total[1]
+
+
+def ttft_totals(urls: dict[str, str]) -> dict[str, tuple[float, float]]:
+    """where -> (seconds, observations) of the first-token histograms."""
+    return {where: histogram_total(urls[where], _TTFT[where]) for where in _TTFT}
+
+
+def mean_ms(before: tuple[float, float], after: tuple[float, float]) -> str:
+    count = after[1] - before[1]
+    return f"{(after[0] - before[0]) / count * 1e3:.1f}" if count > 0 else "-"
 
 
 def bucket_quantile(
@@ -133,7 +162,9 @@ def stage_table(args: argparse.Namespace) -> list[str]:
         "run). us/request (mean); `stream` = detokenize + stop strings + framing of every "
         "batch of replies, `write` = handing the frames to uvicorn; route waits for the router "
         "process (wall time), its p50/p99 interpolated in the stage histogram's buckets; TTFT "
-        "as the client sees it.",
+        "as the client sees it, then (means, streamed runs: a whole reply has no first token) "
+        "as the preprocessor sees it (handler start to first frames) and the engine's own (the "
+        "dispatcher's Generate to its first token).",
         "",
     ]
     try:
@@ -141,20 +172,28 @@ def stage_table(args: argparse.Namespace) -> list[str]:
         engines, _, kv_urls = start_engines(procs, 2, tokenizer, 20.0, 5.0)
         extra = ["--preprocessor-arg=--stage-timing"]
         with switchyard_stack(procs, "switchyard", kv_urls, "kv", extra) as (base, proc):
+            children = json.loads((procs.log_dir / "switchyard.json").read_text())["children"]
+            urls = {
+                "preprocessor": base + "/metrics",
+                "engine": f"http://127.0.0.1:{children['dispatcher-0']['metrics_port']}/metrics",
+            }
             meter = CpuMeter({"frontend": [proc.pid]})
             asyncio.run(load_run(base, True, min(64, args.requests), max(args.concurrencies), 8))
             header = (
                 "| run | c | " + " | ".join(STAGES) + " | stages total | preprocessor CPU | "
-                f"{WALL_STAGE} p50 | {WALL_STAGE} p99 | TTFT p50 ms | TTFT p99 ms |"
+                f"{WALL_STAGE} p50 | {WALL_STAGE} p99 | TTFT p50 ms | TTFT p99 ms | TTFT mean ms "
+                "| in the preprocessor | at the engine |"
             )
-            lines += [header, "|" + "---|" * (len(STAGES) + 9)]
+            lines += [header, "|" + "---|" * (len(STAGES) + 12)]
             cpu_lines: list[str] = []
             for concurrency in args.concurrencies:
                 n = requests_at(args, concurrency)
                 for stream in (True, False):
                     (before, hist0), cpu0 = _scrape(base), meter.snapshot()
+                    first0 = ttft_totals(urls)
                     ttfts = asyncio.run(load_run(base, stream, n, concurrency, args.tokens))
                     (after, hist1), cpu1 = _scrape(base), meter.snapshot()
+                    first1 = ttft_totals(urls)
                     per_process = meter.diff(cpu0, cpu1)["frontend"]
                     pre_cpu = sum(v for k, v in per_process.items() if k.startswith("preprocessor"))
                     cells, total = [], 0.0
@@ -169,7 +208,10 @@ def stage_table(args: argparse.Namespace) -> list[str]:
                         + f" | {total / n * 1e6:.0f} | {pre_cpu / n * 1e6:.0f} | "
                         f"{bucket_quantile(wall0, wall1, 0.5) * 1e6:.0f} | "
                         f"{bucket_quantile(wall0, wall1, 0.99) * 1e6:.0f} | "
-                        f"{pct(ttfts, 0.5) * 1e3:.1f} | {pct(ttfts, 0.99) * 1e3:.1f} |"
+                        f"{pct(ttfts, 0.5) * 1e3:.1f} | {pct(ttfts, 0.99) * 1e3:.1f} | "
+                        f"{sum(ttfts) / len(ttfts) * 1e3:.1f} | "
+                        + " | ".join(mean_ms(first0[w], first1[w]) for w in _TTFT)
+                        + " |"
                     )
                     if stream:
                         cpu_lines.append(
