@@ -112,6 +112,11 @@ def test_stages_bench_quick(tmp_path: Path) -> None:
         for stage in ("parse", "template", "tokenize"):
             assert float(cells[stage]) > 0, row  # the stages were timed
         assert float(cells["route p50"]) > 0 and float(cells["TTFT p50 ms"]) > 0, row
+        if row.startswith("| streamed"):  # each first-token clock holds the next one
+            engine, pre = float(cells["at the engine"]), float(cells["in the preprocessor"])
+            assert 0 < engine < pre < float(cells["TTFT mean ms"]), row
+        else:  # a whole reply has no first token before its last
+            assert cells["at the engine"] == cells["in the preprocessor"] == "-", row
     assert "| cached segments |" in table and "| full encode |" in table
 
 
