@@ -47,7 +47,7 @@ from switchyard.preprocessor.tokenizer import TokenizerBundle, default_tokenizer
 
 HERE = Path(__file__).resolve().parent
 _SERIES = re.compile(r'^switchyard_preprocessor_stage_seconds_(sum|count)\{stage="(\w+)"\} (\S+)$')
-_TTFT = {  # histograms of the first token's time: (metric, where)
+_TTFT = {  # where the first token is timed -> its histogram
     "preprocessor": "switchyard_preprocessor_time_to_first_token_seconds",
     "engine": "switchyard_dispatcher_engine_time_to_first_token_seconds",
 }
