@@ -2,8 +2,9 @@
 
 Starts the load bench's two SGLang-protocol mock engines and `switchyard up` in front of them,
 attaches `py-spy record` to the preprocessor, dispatcher and router while a closed loop of
-streamed chat completions runs, and prints, per service, the functions with the most samples
-on their own (self) and the most samples anywhere on the stack (inclusive). Collapsed stacks
+chat completions runs (streamed; whole replies with --no-stream), and prints, per service,
+the functions with the most samples on their own (self) and the most samples anywhere on the
+stack (inclusive). Collapsed stacks
 and flame graphs go to bench/results/profile/.
 
     python bench/hotspots.py                          # concurrency 64, 1500 requests
@@ -144,6 +145,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--requests", type=int, default=1500)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument(
+        "--no-stream", action="store_true", help="ask for whole replies, not streamed ones"
+    )
     parser.add_argument("--prompt-words", type=int, default=48)
     parser.add_argument("--router-mode", default="round_robin")
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
@@ -178,7 +182,9 @@ def main() -> None:
             stack = switchyard_stack(procs, "switchyard", kv_urls, args.router_mode, args.up_arg)
             with stack as (base, up):
                 pids = service_pids(up.pid)
-                target = HttpTarget("switchyard", base, MODEL, args.max_tokens)
+                target = HttpTarget(
+                    "switchyard", base, MODEL, args.max_tokens, stream=not args.no_stream
+                )
 
                 async def load(n: int, phase: str) -> float:
                     await target.open()
@@ -243,7 +249,8 @@ def main() -> None:
 
     print(f"{args.requests} requests at concurrency {args.concurrency} in {wall:.1f} s "
           f"({args.requests / wall:.1f} req/s), router mode {args.router_mode}")  # fmt: skip
-    print(f"TTFT ms: p50 {pct(ttfts, 0.5):.1f}, p90 {pct(ttfts, 0.9):.1f}, "
+    what = "latency" if args.no_stream else "TTFT"
+    print(f"{what} ms: p50 {pct(ttfts, 0.5):.1f}, p90 {pct(ttfts, 0.9):.1f}, "
           f"p99 {pct(ttfts, 0.99):.1f}")  # fmt: skip
     per_k = 1000 / args.requests
     stack = {name: sec * per_k for name, sec in sorted(cpu["stack"].items()) if sec > 0}
