@@ -4,6 +4,8 @@ import json
 from datetime import datetime
 
 import pytest
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.utils import Namespace
 
 from switchyard.preprocessor.chat_template import (
     ChatTemplate,
@@ -137,6 +139,38 @@ class TestConfigTemplates:
 
     def test_sandbox_blocks_attribute_escape(self) -> None:
         template = ChatTemplate("{{ messages.__class__.__mro__ }}")
+        with pytest.raises(InvalidRequestError):
+            template.render([])
+
+    @pytest.mark.parametrize(
+        "expression",
+        [
+            "ns.a",  # set in namespace()
+            "ns.b",  # set later
+            "ns.missing is defined",
+            "ns.missing | default('d')",
+            "ns.f(1)",  # a str.format kept in the namespace stays the sandbox's: no escape
+            "ns.__class__ is defined",
+            "ns._Namespace__attrs is defined",
+        ],
+    )
+    def test_namespace_attributes_read_as_the_stock_sandbox_does(self, expression: str) -> None:
+        # The fast path for namespace() attributes must give the sandbox's own answers.
+        source = (
+            "{% set ns = namespace(a=1) %}{% set ns.b = 'two' %}"
+            "{% set ns.f = '<{0.__class__}>'.format %}"
+            "{{ " + expression + " }}"
+        )
+        stock = ImmutableSandboxedEnvironment().from_string(source).render()
+        assert ChatTemplate(source).render([]) == stock
+
+    def test_a_format_method_in_a_given_namespace_is_sandboxed(self) -> None:
+        escape = "{{ ns.f(1) }}"
+        given = Namespace(f="<{0.__class__}>".format)
+        assert ChatTemplate(escape).render([], ns=given) == "<>"
+
+    def test_namespace_internals_stay_blocked(self) -> None:
+        template = ChatTemplate("{% set ns = namespace(a=1) %}{{ ns.__class__.__mro__ }}")
         with pytest.raises(InvalidRequestError):
             template.render([])
 
