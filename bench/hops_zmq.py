@@ -3,8 +3,10 @@
 A variant is a transport (tcp:// on loopback or ipc://), a socket API and a number of ZMQ I/O
 threads (in both processes): `loop` is the project's LoopSocket (libs/common/messaging.py, the
 socket's FD on the event loop, non-blocking calls into pyzmq's Cython socket), `sugar` the
-same through pyzmq's Python layer (LoopSocket before), `asyncio` is zmq.asyncio (a future per
-recv). Both ends run on uvloop and use the same variant. Patterns:
+same through pyzmq's Python layer (LoopSocket before), `deferred` LoopSocket draining after
+every send on the next loop iteration (as it did before it read the events at once),
+`asyncio` is zmq.asyncio (a future per recv). Both ends run on uvloop and use the same
+variant. Patterns:
 
   ping    the client keeps `concurrency` requests in flight; the server echoes each one
           (one message each way: the route round trip's shape)
@@ -77,6 +79,16 @@ class SugarLoopSocket(LoopSocket):
             self.sock.send(data, zmq.NOBLOCK)
 
 
+class DeferredLoopSocket(LoopSocket):
+    """LoopSocket as it was before it read the socket's events right after a send: every send
+    scheduled a drain on the next loop iteration."""
+
+    def _sent(self) -> None:
+        if not self._drain_soon:
+            self._drain_soon = True
+            self._loop.call_soon(self._drain)
+
+
 class Io:
     """The two socket APIs behind one shape: on_message(frames) callbacks, send(frames)."""
 
@@ -96,7 +108,9 @@ class Io:
 
     def start(self) -> None:
         if self.api != "asyncio":
-            kind = LoopSocket if self.api == "loop" else SugarLoopSocket
+            kind = {"loop": LoopSocket, "loop-deferred": DeferredLoopSocket}.get(
+                self.api, SugarLoopSocket
+            )
             self.loop_sock = kind(self.sock, self.on_message, multipart=True)
         else:
             self.reader = asyncio.create_task(self._read())
@@ -245,6 +259,7 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
 VARIANTS = {
     "tcp-loop-1": ("tcp", "loop", 1),
     "tcp-sugar-1": ("tcp", "loop-sugar", 1),
+    "tcp-deferred-1": ("tcp", "loop-deferred", 1),
     "ipc-loop-1": ("ipc", "loop", 1),
     "tcp-loop-2": ("tcp", "loop", 2),
     "ipc-loop-2": ("ipc", "loop", 2),
@@ -259,7 +274,8 @@ def child_main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("role", choices=["server", "client"])
     parser.add_argument("--endpoint", required=True)
-    parser.add_argument("--api", choices=["loop", "loop-sugar", "asyncio"], required=True)
+    apis = ["loop", "loop-sugar", "loop-deferred", "asyncio"]
+    parser.add_argument("--api", choices=apis, required=True)
     parser.add_argument("--io-threads", type=int, default=1)
     parser.add_argument("--pattern", choices=["ping", "stream"], default="ping")
     parser.add_argument("--replies", type=int, default=16)
