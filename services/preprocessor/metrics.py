@@ -121,6 +121,7 @@ class PreprocessorMetrics:
         self.active = Gauge(
             "switchyard_preprocessor_active_requests", "requests being generated", registry=r
         )
+        self._by_model: dict[str, _ModelSeries] = {}  # models are bounded (see above)
         self.stage_seconds = LoopHistogram(
             "switchyard_preprocessor_stage_seconds",
             "time spent in each request stage on the event loop (--stage-timing only)",
@@ -138,15 +139,47 @@ class PreprocessorMetrics:
     ) -> None:
         """A request answered in full: its latency, its tokens, and for each generation the
         KV router placed, (predicted, reported cached tokens, block size, prompt tokens)."""
-        self.duration.labels(model).observe(duration)
-        self.input_tokens.labels(model).inc(usage.prompt_tokens)
-        self.output_tokens.labels(model).inc(usage.completion_tokens)
-        self.cached_tokens.labels(model).inc(usage.cached_tokens)
+        series = self._by_model.get(model)
+        if series is None:
+            series = self._by_model[model] = _ModelSeries(self, model)
+        series.duration.observe(duration)
+        series.input_tokens.inc(usage.prompt_tokens)
+        series.output_tokens.inc(usage.completion_tokens)
+        series.cached_tokens.inc(usage.cached_tokens)
+        if not predictions:
+            return
+        kv = series.kv or series.add_kv(self, model)  # only KV-routed models get these series
         for predicted, reported, block_size, prompt in predictions:
-            self.predicted_cached_tokens.labels(model).inc(predicted)
-            self.routed_prompt_tokens.labels(model).inc(prompt)
+            kv.predicted_cached_tokens.inc(predicted)
+            kv.routed_prompt_tokens.inc(prompt)
             if abs(predicted - reported) < block_size:
-                outcome = "exact"
+                kv.outcomes["exact"].inc()
             else:
-                outcome = "over" if predicted > reported else "under"
-            self.predictions.labels(model, outcome).inc()
+                kv.outcomes["over" if predicted > reported else "under"].inc()
+
+
+class _ModelSeries:
+    """One model's series of the per-request metrics, looked up once: `labels()` takes a lock
+    and builds a key on every call, several times per request in `finished`."""
+
+    __slots__ = ("duration", "input_tokens", "output_tokens", "cached_tokens", "kv")
+
+    def __init__(self, metrics: PreprocessorMetrics, model: str) -> None:
+        self.duration = metrics.duration.labels(model)
+        self.input_tokens = metrics.input_tokens.labels(model)
+        self.output_tokens = metrics.output_tokens.labels(model)
+        self.cached_tokens = metrics.cached_tokens.labels(model)
+        self.kv: _KvSeries | None = None
+
+    def add_kv(self, metrics: PreprocessorMetrics, model: str) -> _KvSeries:
+        self.kv = _KvSeries(metrics, model)
+        return self.kv
+
+
+class _KvSeries:
+    __slots__ = ("predicted_cached_tokens", "routed_prompt_tokens", "outcomes")
+
+    def __init__(self, metrics: PreprocessorMetrics, model: str) -> None:
+        self.predicted_cached_tokens = metrics.predicted_cached_tokens.labels(model)
+        self.routed_prompt_tokens = metrics.routed_prompt_tokens.labels(model)
+        self.outcomes = {o: metrics.predictions.labels(model, o) for o in PREDICTION_OUTCOMES}
