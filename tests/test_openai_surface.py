@@ -508,6 +508,19 @@ class TestCompletions:
         assert len(lp.tokens) == reply.usage.prompt_tokens + reply.usage.completion_tokens
         assert lp.text_offset == sorted(lp.text_offset)
 
+    def test_eos_drawn_at_the_length_limit(self, stack):
+        # The length check runs before the EOS check (SGLang, vLLM): an EOS drawn as the last
+        # allowed token ends the output by "length", keeps its logprob entry, adds no text.
+        eos = _token_id(stack, "<｜end▁of▁sentence｜>")
+        reply = stack.client.completions.create(
+            model="ds-v3", prompt="Once upon a time", max_tokens=1, echo=True, logprobs=1,
+            logit_bias={str(eos): 100},
+        )  # fmt: skip
+        choice = reply.choices[0]
+        assert choice.finish_reason == "length"
+        assert choice.logprobs.tokens[-1] == "<｜end▁of▁sentence｜>"
+        assert "".join(choice.logprobs.tokens[:-1]) == choice.text
+
     def test_batched_prompts(self, stack):
         reply = stack.client.completions.create(
             model="ds-v3", prompt=["The first train", "The second train"], max_tokens=4, n=2
