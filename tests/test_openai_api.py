@@ -215,7 +215,13 @@ def test_no_engine_available_is_503():
 
 class TestMetrics:
     def test_preprocessor_metrics(self, client, stack):
-        client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4)
+        # Streamed (a whole reply has no TTFT) and 4 tokens for sure, so that the test holds
+        # on its own, whatever ran before it on this stack.
+        for _chunk in client.chat.completions.create(
+            model=MODEL, messages=QUESTION, max_tokens=4, stream=True,
+            extra_body={"ignore_eos": True},
+        ):  # fmt: skip
+            pass
         text = httpx.get(stack.base_url + "/metrics").text
         assert (
             "switchyard_preprocessor_requests_total"

@@ -215,7 +215,13 @@ class TestMetrics:
             for model in MODELS:
                 for _ in range(2):  # streamed: a whole (not streamed) request has no TTFT
                     for _chunk in c.chat.completions.create(
-                        model=model, messages=QUESTION, max_tokens=3, stream=True
+                        model=model,
+                        messages=QUESTION,
+                        max_tokens=3,
+                        stream=True,
+                        # 3 tokens each, even when this test runs alone: a sampled EOS may
+                        # come first, and output_tokens_total must reach 6
+                        extra_body={"ignore_eos": True},
                     ):
                         pass
         ports = metrics_ports(stack)
