@@ -89,6 +89,13 @@ class DeferredLoopSocket(LoopSocket):
             self._loop.call_soon(self._drain)
 
 
+_LOOP_SOCKETS: dict[str, type[LoopSocket]] = {
+    "loop": LoopSocket,
+    "loop-sugar": SugarLoopSocket,
+    "loop-deferred": DeferredLoopSocket,
+}
+
+
 class Io:
     """The two socket APIs behind one shape: on_message(frames) callbacks, send(frames)."""
 
@@ -108,9 +115,7 @@ class Io:
 
     def start(self) -> None:
         if self.api != "asyncio":
-            kind = {"loop": LoopSocket, "loop-deferred": DeferredLoopSocket}.get(
-                self.api, SugarLoopSocket
-            )
+            kind = _LOOP_SOCKETS[self.api]
             self.loop_sock = kind(self.sock, self.on_message, multipart=True)
         else:
             self.reader = asyncio.create_task(self._read())
