@@ -17,6 +17,7 @@ EMBED = "embed-mock"
 KEY, SECOND, ADMIN = "sk-first-0123456789", "sk-second-abcdef", "admin-token-xyz"
 V1 = [
     ("GET", "/v1/models", None),
+    ("GET", f"/v1/models/{MODEL}", None),
     (
         "POST",
         "/v1/chat/completions",
@@ -52,7 +53,7 @@ def stack(tmp_path_factory):
             s.keys_file = keys
             s.admin = f"http://127.0.0.1:{s.report()['children']['preprocessor']['admin_port']}"
             wait_until(
-                lambda: call(s.base_url, "POST", V1[3][1], V1[3][2], KEY).status_code == 200,
+                lambda: call(s.base_url, "POST", V1[-1][1], V1[-1][2], KEY).status_code == 200,
                 timeout=60,
                 what="both models served",
             )

@@ -33,6 +33,14 @@ class TestModels:
         ids = [m.id for m in client.models.list().data]
         assert ids == [MODEL]
 
+    def test_retrieves_the_served_model(self, client):
+        model = client.models.retrieve(MODEL)
+        assert model == client.models.list().data[0]
+        assert (model.id, model.object, model.owned_by) == (MODEL, "model", "switchyard")
+        with pytest.raises(openai.NotFoundError) as caught:
+            client.models.retrieve("no-such/model")
+        assert caught.value.code == "model_not_found"
+
 
 class TestChat:
     def test_non_streaming(self, client, stack):

@@ -1,10 +1,10 @@
 """The FastAPI app: everything but the generation endpoints (those are edge.py's).
 
-GET /health, /ready, /v1/models, /metrics, a 404 for anything under /v1/responses/ (no
-response is stored), POST /debug/route, which runs a request's prompt stages and asks the
-router where it would go (with the request's session key, the x-session-id header or the
-body's `user`), sending nothing to an engine, and the admin API, which fleet owns and this
-app serves over HTTP:
+GET /health, /ready, /v1/models, /v1/models/{model}, /metrics, a 404 for anything under
+/v1/responses/ (no response is stored), POST /debug/route, which runs a request's prompt
+stages and asks the router where it would go (with the request's session key, the
+x-session-id header or the body's `user`), sending nothing to an engine, and the admin API,
+which fleet owns and this app serves over HTTP:
 
     GET    /admin/workers                  every configured worker: state, what was learned
     POST   /admin/workers                  add one (body: a workers-file entry, JSON)
@@ -33,6 +33,7 @@ from switchyard.preprocessor.errors import (
     INVALID_REQUEST,
     NOT_FOUND,
     SERVICE_UNAVAILABLE,
+    ModelNotFoundError,
     NoWorker,
     RequestError,
     as_request_error,
@@ -51,6 +52,7 @@ from switchyard.protos.messages import RouteRequest, WorkerAdminReply, WorkerAdm
 log = logging.getLogger(__name__)
 
 JSON = "application/json"
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
 def _json(body: bytes, status: int = 200) -> Response:
@@ -67,8 +69,9 @@ def create_app(state: PreprocessorState) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        code = "not_found" if exc.status_code == 404 else "http_error"
-        return _json(error_body(str(exc.detail), INVALID_REQUEST, code), exc.status_code)
+        code = _HTTP_CODES.get(exc.status_code, "http_error")
+        body = error_body(str(exc.detail), INVALID_REQUEST, code)
+        return Response(body, exc.status_code, exc.headers, JSON)  # a 405's Allow header
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:
@@ -88,6 +91,11 @@ def create_app(state: PreprocessorState) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> Response:
         return _json(state.models_body())
+
+    @app.get("/v1/models/{model:path}")  # ids may hold slashes: deepseek-ai/DeepSeek-V3
+    async def model(model: str) -> Response:
+        body = state.model_body(model)
+        return _error(ModelNotFoundError(model)) if body is None else _json(body)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -12,7 +12,8 @@ whose frames go straight to uvicorn's send. One plain task per request watches f
 going away, waiting for a slot, streaming or not: the request is then cancelled, which aborts
 its engine requests. A request's deadline is --request-timeout, or shorter with the client's
 `request-timeout-ms` header. Each request gets its id (X-Request-Id), its access line and its
-trace here. Every other request, and the lifespan, is FastAPI's.
+trace here. Another method on those paths is 405 (Allow: POST). Every other request, and the
+lifespan, is FastAPI's.
 """
 
 from __future__ import annotations
@@ -119,6 +120,12 @@ async def respond_error(send: Send, exc: RequestError) -> None:
     await AsgiOut(send).respond(exc.status, exc.body(), error_headers(exc))
 
 
+async def respond_method_not_allowed(send: Send, method: str, path: str) -> None:
+    message = f"{method} is not allowed on {path}; use POST."
+    body = error_body(message, INVALID_REQUEST, "method_not_allowed")
+    await AsgiOut(send).respond(405, body, [(b"allow", b"POST")])
+
+
 class Edge:
     def __init__(
         self,
@@ -166,12 +173,13 @@ class Edge:
         except AuthenticationError as exc:
             await respond_error(send, exc)
             return
-        if scope["method"] == "POST":
-            endpoint = GENERATION_PATHS.get(path)
-            if endpoint is not None:
-                await self._generate(endpoint, key, scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+        endpoint = GENERATION_PATHS.get(path)
+        if endpoint is None:
+            await self.app(scope, receive, send)
+        elif scope["method"] == "POST":
+            await self._generate(endpoint, key, scope, receive, send)
+        else:  # FastAPI knows no route here and would say 404
+            await respond_method_not_allowed(send, scope["method"], path)
 
     def _timeout(self, scope: Scope) -> float:
         """The request's deadline: --request-timeout, or the client's shorter one."""

@@ -9,7 +9,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import zmq.asyncio
@@ -186,21 +186,13 @@ class PreprocessorState:
         return ""
 
     def models_body(self) -> bytes:
-        return orjson.dumps(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": e.name,
-                        "object": "model",
-                        "created": 0,
-                        "owned_by": "switchyard",
-                        "max_model_len": e.context_length,
-                    }
-                    for e in sorted(self.catalog.values(), key=lambda e: e.name)
-                ],
-            }
-        )
+        entries = sorted(self.catalog.values(), key=lambda e: e.name)
+        return orjson.dumps({"object": "list", "data": [_model_object(e) for e in entries]})
+
+    def model_body(self, name: str) -> bytes | None:
+        """GET /v1/models/{name}: the object /v1/models lists for it; None: not served."""
+        entry = self.catalog.get(name)
+        return None if entry is None else orjson.dumps(_model_object(entry))
 
     async def _until_ready(self, timeout: float) -> None:
         """Hold the start-up (uvicorn listens after it) until this process can serve: with
@@ -240,3 +232,14 @@ class PreprocessorState:
             await self.fleet.close()
             await self.router.close()
             await self.dispatcher.close()
+
+
+def _model_object(entry: ModelEntry) -> dict[str, Any]:
+    """OpenAI's model object, plus the context window (vLLM's `max_model_len`)."""
+    return {
+        "id": entry.name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "switchyard",
+        "max_model_len": entry.context_length,
+    }

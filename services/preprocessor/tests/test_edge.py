@@ -7,6 +7,7 @@ import pytest
 from starlette.responses import Response
 
 from switchyard.preprocessor import edge
+from switchyard.preprocessor.auth import Access, KeyRing
 from switchyard.preprocessor.edge import CLIENT_GONE, Edge
 from switchyard.preprocessor.metrics import PreprocessorMetrics
 
@@ -102,12 +103,41 @@ async def test_other_requests_go_to_fastapi(served):
     for scope in (
         http("/v1/models", "GET"),
         http("/debug/route"),
-        http("/v1/chat/completions", "GET"),
+        http("/v1/responses/resp_1", "GET"),  # app.py's 404: nothing is stored
+        http("/v1/chat/completions/", "GET"),  # not the collection path itself
     ):
         client = Client()
         await app(scope, client.receive, client.send)
         assert client.body == b"fastapi"
     assert served[0] == []
+
+
+class TestOtherMethodsOnGenerationPaths:
+    """Regression: GET/PUT/DELETE on the generation paths fell through to FastAPI, which has no
+    route there and said 404; a wrong method on a path that exists is 405, as POST /v1/models
+    is."""
+
+    @pytest.mark.parametrize("path", list(edge.GENERATION_PATHS))
+    @pytest.mark.parametrize("method", ["GET", "PUT", "DELETE"])
+    async def test_405_with_allow_post(self, served, method, path):
+        app = Edge(other_app, Deps(), max_body_bytes=100)
+        client = Client()
+        await app(http(path, method), client.receive, client.send)
+        start = client.sent[0]
+        assert start["status"] == 405
+        assert (b"allow", b"POST") in start["headers"]
+        error = orjson.loads(client.body)["error"]
+        assert error["code"] == "method_not_allowed"
+        assert error["type"] == "invalid_request_error"
+        assert method in error["message"] and path in error["message"]
+        assert served[0] == []
+
+    async def test_the_key_is_checked_first(self, served):
+        access = Access(KeyRing(["sk-right"]))
+        app = Edge(other_app, Deps(), max_body_bytes=100, access=access)
+        client = Client()
+        await app(http("/v1/chat/completions", "GET"), client.receive, client.send)
+        assert client.sent[0]["status"] == 401
 
 
 async def test_a_body_over_the_limit_is_413(served):
