@@ -175,6 +175,28 @@ class TestErrors:
         with pytest.raises(openai.BadRequestError):
             client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=max_tokens)
 
+    @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+    def test_a_completion_longer_than_the_context_names_its_field(self, client, field):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model=MODEL, messages=QUESTION, **{field: 9000})
+        assert (info.value.body["code"], info.value.body["param"]) == (
+            "context_length_exceeded",
+            field,
+        )
+
+    @pytest.mark.parametrize(
+        ("fields", "param"),
+        [
+            ({"stream_options": {"include_usage": True}}, "stream_options"),
+            ({"tool_choice": "auto"}, "tool_choice"),
+            ({"parallel_tool_calls": False}, "parallel_tool_calls"),
+        ],
+    )
+    def test_fields_with_nothing_to_act_on(self, client, fields, param):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2, **fields)
+        assert info.value.body["param"] == param
+
     @pytest.mark.parametrize(
         "field,value",
         [
@@ -189,6 +211,43 @@ class TestErrors:
     def test_bad_sampling_values(self, client, field, value):
         with pytest.raises(openai.BadRequestError):
             client.chat.completions.create(model=MODEL, messages=QUESTION, **{field: value})
+
+    @pytest.mark.parametrize(
+        ("path", "fields", "param"),
+        [
+            ("/v1/chat/completions", '"guided_json": {"enum": [%s]}', "guided_json"),
+            (
+                "/v1/chat/completions",
+                '"tools": [{"type": "function", "function": {"name": "f", '
+                '"parameters": {"enum": [%s]}}}]',
+                "tools[0].function.parameters",
+            ),
+            ("/v1/chat/completions", '"chat_template_kwargs": {"a": %s}', None),  # undecodable
+            ("/v1/completions", '"response_format": {"type": "json_schema", "json_schema": '
+             '{"name": "x", "schema": {"enum": [%s]}}}', "response_format.json_schema.schema"),
+            ("/v1/responses", '"text": {"format": {"type": "json_schema", "name": "x", '
+             '"schema": {"enum": [%s]}}}', "text.format.schema"),
+            ("/debug/route", '"chat_template_kwargs": {"a": %s}', None),
+        ],
+    )  # fmt: skip
+    def test_deeply_nested_values(self, stack, path, fields, param):
+        """Nesting orjson cannot write (over 254 levels) or msgspec cannot read (~1000): a 400
+        naming the field, or invalid_json, on a keep-alive connection that goes on serving."""
+        depth = 300 if param else 5000
+        head = '"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2'
+        if path == "/v1/completions":
+            head = '"prompt": "hi", "max_tokens": 2'
+        elif path == "/v1/responses":
+            head = '"input": "hi", "max_output_tokens": 2'
+        value = "[" * depth + "1" + "]" * depth
+        body = f'{{"model": "{MODEL}", {head}, {fields % value}}}'
+        with httpx.Client(base_url=stack.base_url, timeout=30) as http:
+            for stream in (False, True) if path.startswith("/v1") else (False,):
+                sent = body[:-1] + ', "stream": true}' if stream else body
+                reply = http.post(path, content=sent, headers={"content-type": "application/json"})
+                error = self._error(reply, 400, "invalid_value" if param else "invalid_json")
+                assert error["param"] == param
+            assert http.get("/v1/models").status_code == 200
 
     def test_unknown_path_is_openai_shaped(self, stack):
         self._error(httpx.get(stack.base_url + "/v1/nope"), 404)

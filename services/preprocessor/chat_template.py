@@ -231,7 +231,7 @@ def json_arguments(arguments: Any) -> Any:
     if isinstance(arguments, str):
         try:
             value = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested too deeply to read
             return arguments
         return JsonArguments(value, arguments) if isinstance(value, dict) else arguments
     if isinstance(arguments, Mapping) and not isinstance(arguments, JsonArguments):

@@ -65,6 +65,7 @@ class SamplingOptions:
     skip_special_tokens: bool = True
     constraint: Constraint | None = None  # from response_format or the engine extras
     constraint_param: str = ""  # the field it came from (for errors)
+    max_tokens_param: str = "max_tokens"  # the field max_tokens came from (for errors)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +143,10 @@ def parse_chat_completion(body: bytes) -> ChatCompletionRequest:
             "'top_logprobs' requires 'logprobs' to be true.", INVALID_VALUE, "top_logprobs"
         )
     tools = tuple(msgspec.to_builtins(raw.tools)) if raw.tools else ()
+    for i, tool in enumerate(tools):
+        free_json_text(tool["function"].get("parameters"), f"tools[{i}].function.parameters")
+    if not tools:
+        _needs_tools(raw)
     tool_choice = _tool_choice(raw.tool_choice, tools)
     add_generation_prompt = True if raw.add_generation_prompt is None else raw.add_generation_prompt
     if raw.continue_final_message:
@@ -159,14 +164,17 @@ def parse_chat_completion(body: bytes) -> ChatCompletionRequest:
             )
         add_generation_prompt = False
     kwargs = dict(raw.chat_template_kwargs or {})
+    if kwargs:
+        free_json_text(kwargs, "chat_template_kwargs")
     if raw.reasoning_effort is not None:
         kwargs["reasoning_effort"] = raw.reasoning_effort
     max_tokens = raw.max_completion_tokens or raw.max_tokens
+    max_param = "max_completion_tokens" if raw.max_completion_tokens else "max_tokens"
     stream, include_usage = _stream(raw)
     return ChatCompletionRequest(
         raw.model,
         tuple(msgspec.to_builtins(raw.messages)),
-        _sampling(raw, max_tokens),
+        _sampling(raw, max_tokens, max_param),
         stream,
         include_usage,
         # The router's session key: the client's cache key, else its end-user identifiers.
@@ -212,6 +220,19 @@ def parse_completion(body: bytes) -> CompletionRequest:
         raw.logprobs,
         best_of,
     )
+
+
+def check_max_tokens(max_tokens: int | None, context_length: int, param: str) -> None:
+    """400 naming the max_tokens field when the completion alone cannot fit (a prompt has at
+    least one token): checked before tokenizing, whose early refusal would blame the prompt."""
+    if max_tokens is not None and max_tokens >= context_length:
+        raise InvalidRequestError(
+            f"'{param}' is too large: {max_tokens}. This model's maximum context length is "
+            f"{context_length} tokens, prompt and completion together, so the completion can "
+            f"have at most {context_length - 1}.",
+            CONTEXT_LENGTH_EXCEEDED,
+            param,
+        )
 
 
 def check_context(
@@ -263,6 +284,11 @@ def _decode(decoder: msgspec.json.Decoder, body: bytes) -> Any:
         raise InvalidRequestError(
             f"We could not parse the JSON body of your request: {exc}", INVALID_JSON
         ) from None
+    except RecursionError:  # msgspec decodes nested values recursively
+        raise InvalidRequestError(
+            "We could not parse the JSON body of your request: it is nested too deeply.",
+            INVALID_JSON,
+        ) from None
 
 
 def _join(path: str, field: str) -> str:
@@ -313,13 +339,20 @@ def _no_effect_fields(raw: schema._Sampling) -> None:
 def _stream(raw: schema._Sampling) -> tuple[bool, bool]:
     stream = bool(raw.stream)
     options = raw.stream_options
-    if options is None or not options.include_usage:
+    if options is None:
         return stream, False
-    # Ignored when not streaming: the non-streaming body always carries usage.
-    return stream, stream
+    if not stream:  # as OpenAI and vLLM: the options of a stream that is not there
+        raise InvalidRequestError(
+            "'stream_options' is only allowed when 'stream' is true.",
+            INVALID_VALUE,
+            "stream_options",
+        )
+    return stream, bool(options.include_usage)
 
 
-def _sampling(raw: schema._Sampling, max_tokens: int | None) -> SamplingOptions:
+def _sampling(
+    raw: schema._Sampling, max_tokens: int | None, max_param: str = "max_tokens"
+) -> SamplingOptions:
     min_tokens = raw.min_tokens or 0
     if max_tokens is not None and min_tokens > max_tokens:
         raise InvalidRequestError(
@@ -353,6 +386,7 @@ def _sampling(raw: schema._Sampling, max_tokens: int | None) -> SamplingOptions:
         skip_special_tokens=True if raw.skip_special_tokens is None else raw.skip_special_tokens,
         constraint=constraint,
         constraint_param=constraint_param,
+        max_tokens_param=max_param,
     )
 
 
@@ -375,6 +409,32 @@ def _stop(stop: str | list[str] | None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(s for s in stop if s))
 
 
+# A request's free-form JSON values (JSON schemas, tool parameters, template kwargs, tags) are
+# written again as JSON, by orjson, inside larger documents: the engine's constraint, the
+# Responses object that echoes its tools. orjson writes at most 254 levels, so such a value
+# may nest at most MAX_FREE_JSON_DEPTH levels (real schemas nest a few dozen at most).
+MAX_FREE_JSON_DEPTH = 128
+_ORJSON_DEPTH = 254
+_WRAP = _ORJSON_DEPTH - MAX_FREE_JSON_DEPTH
+
+
+def free_json_text(value: Any, param: str) -> str:
+    """`value` as JSON text, or a 400 naming `param` when it cannot be passed on: nested more
+    than MAX_FREE_JSON_DEPTH levels, or holding an integer beyond 64 bits."""
+    wrapped = value
+    for _ in range(_WRAP):  # written under _WRAP arrays, it fails past the allowed depth
+        wrapped = (wrapped,)
+    try:
+        text = orjson.dumps(wrapped)
+    except orjson.JSONEncodeError as exc:
+        if "ecursion" in str(exc):
+            why = f"is nested more than {MAX_FREE_JSON_DEPTH} levels deep"
+        else:
+            why = f"cannot be passed on ({exc})"
+        raise InvalidRequestError(f"'{param}' {why}.", INVALID_VALUE, param) from None
+    return text[_WRAP:-_WRAP].decode()
+
+
 def _json_text(value: dict[str, Any] | str, param: str) -> str:
     if isinstance(value, str):
         try:
@@ -388,7 +448,7 @@ def _json_text(value: dict[str, Any] | str, param: str) -> str:
         if not isinstance(parsed, dict):
             raise InvalidRequestError(f"'{param}' must be a JSON object.", INVALID_VALUE, param)
         return value
-    return orjson.dumps(value).decode()
+    return free_json_text(value, param)
 
 
 def _constraint(raw: schema._Sampling) -> tuple[Constraint | None, str]:
@@ -399,7 +459,8 @@ def _constraint(raw: schema._Sampling) -> tuple[Constraint | None, str]:
         found.append(("response_format", Constraint(kind=CONSTRAINT_JSON_OBJECT)))
     elif type(fmt) is schema.JsonSchemaFormat:
         spec = fmt.json_schema
-        value = orjson.dumps(spec.schema if spec.schema is not None else {}).decode()
+        schema_param = "response_format.json_schema.schema"
+        value = free_json_text(spec.schema if spec.schema is not None else {}, schema_param)
         found.append(("response_format", Constraint(kind=CONSTRAINT_JSON_SCHEMA, value=value)))
     if raw.regex is not None:
         found.append(("regex", Constraint(kind=CONSTRAINT_REGEX, value=raw.regex)))
@@ -429,7 +490,8 @@ def _constraint(raw: schema._Sampling) -> tuple[Constraint | None, str]:
             inner.append(("grammar", Constraint(kind=CONSTRAINT_EBNF, value=so.grammar)))
         if so.structural_tag is not None:
             tag = so.structural_tag
-            value = tag if isinstance(tag, str) else orjson.dumps(tag).decode()
+            tag_param = "structured_outputs.structural_tag"
+            value = tag if isinstance(tag, str) else free_json_text(tag, tag_param)
             inner.append(
                 ("structural_tag", Constraint(kind=CONSTRAINT_STRUCTURAL_TAG, value=value))
             )
@@ -454,6 +516,23 @@ def _constraint(raw: schema._Sampling) -> tuple[Constraint | None, str]:
         )
     param, constraint = found[0]
     return constraint, param
+
+
+def _needs_tools(raw: schema.ChatCompletionBody) -> None:
+    """tool_choice (other than "none") and parallel_tool_calls without tools are refused, as
+    OpenAI does (and vLLM for tool_choice): they would have nothing to act on."""
+    if raw.tool_choice is not None and raw.tool_choice != "none":
+        raise InvalidRequestError(
+            "'tool_choice' is only allowed when 'tools' are specified.",
+            INVALID_VALUE,
+            "tool_choice",
+        )
+    if raw.parallel_tool_calls is not None:
+        raise InvalidRequestError(
+            "'parallel_tool_calls' is only allowed when 'tools' are specified.",
+            INVALID_VALUE,
+            "parallel_tool_calls",
+        )
 
 
 def _tool_choice(

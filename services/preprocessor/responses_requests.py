@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-import orjson
 
 from switchyard.protos.messages import CONSTRAINT_JSON_OBJECT, CONSTRAINT_JSON_SCHEMA, Constraint
 
@@ -54,6 +53,7 @@ from .openai_requests import (
     _decode,
     _tool_choice,
     _validation_error,
+    free_json_text,
 )
 
 
@@ -312,6 +312,7 @@ def _function_def(raw: Any, i: int) -> schema.FunctionToolDef:
             f"{where}.type",
         )
     tool: schema.FunctionToolDef = _convert(raw, schema.FunctionToolDef, where)
+    free_json_text(tool.parameters, f"{where}.parameters")  # the response object echoes it
     return tool
 
 
@@ -359,7 +360,8 @@ def _constraint(
     if type(fmt) is schema.JsonObjectFormat:
         return Constraint(kind=CONSTRAINT_JSON_OBJECT)
     if type(fmt) is schema.JsonSchemaFormat:
-        return Constraint(kind=CONSTRAINT_JSON_SCHEMA, value=orjson.dumps(fmt.schema).decode())
+        value = free_json_text(fmt.schema, "text.format.schema")
+        return Constraint(kind=CONSTRAINT_JSON_SCHEMA, value=value)
     return None
 
 

@@ -27,6 +27,7 @@ from switchyard.preprocessor.openai_requests import (
     CompletionRequest,
     SamplingOptions,
     check_context,
+    check_max_tokens,
 )
 from switchyard.preprocessor.parsers import tool_choice_constraint
 from switchyard.preprocessor.prompt_encoder import PromptTooLong
@@ -140,6 +141,8 @@ async def tokenize(ctx: RequestContext) -> None:
     if isinstance(req, CompletionRequest):
         state.param = "prompt"
         state.prompt_texts = [p if isinstance(p, str) else None for p in req.prompts]
+    opts = req.sampling
+    check_max_tokens(opts.max_tokens, state.entry.context_length, opts.max_tokens_param)
     budget = _prompt_budget(ctx)
     batch = len(state.prompt_texts) > 1
     state.prompt_ids = []

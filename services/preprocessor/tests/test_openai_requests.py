@@ -7,8 +7,11 @@ import pytest
 
 from switchyard.preprocessor.errors import InvalidRequestError
 from switchyard.preprocessor.openai_requests import (
+    MAX_FREE_JSON_DEPTH,
     SamplingOptions,
     check_context,
+    check_max_tokens,
+    free_json_text,
     parse_chat_completion,
     parse_completion,
 )
@@ -99,8 +102,10 @@ class TestChatHappyPath:
         assert parse_chat_completion(chat(stop="")).sampling.stop == ()
         assert parse_chat_completion(chat(stop=["", "x", "x"])).sampling.stop == ("x",)
 
-    def test_include_usage_ignored_without_stream(self) -> None:
-        req = parse_chat_completion(chat(stream_options={"include_usage": True}))
+    def test_include_usage_when_streaming(self) -> None:
+        req = parse_chat_completion(chat(stream=True, stream_options={"include_usage": True}))
+        assert req.include_usage is True
+        req = parse_chat_completion(chat(stream=True, stream_options={"include_usage": False}))
         assert req.include_usage is False
 
     def test_top_k_minus_one(self) -> None:
@@ -132,6 +137,111 @@ class TestChatHappyPath:
         req = parse_chat_completion(chat())
         with pytest.raises(AttributeError):
             req.model = "x"  # type: ignore[misc]
+
+
+def nested(depth: int) -> Any:
+    """A JSON value `depth` containers deep (objects and arrays alternating)."""
+    value: Any = 1
+    for level in range(depth):
+        value = {"a": value} if level % 2 else [value]
+    return value
+
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+class TestNesting:
+    def test_free_json_text_keeps_the_text(self) -> None:
+        value = {"a": [1, "é", None, {"b": 2.5}]}
+        assert orjson.loads(free_json_text(value, "x")) == value
+        assert orjson.loads(free_json_text(nested(MAX_FREE_JSON_DEPTH), "x")) == nested(
+            MAX_FREE_JSON_DEPTH
+        )
+
+    def test_free_json_text_refuses_deeper_values_and_huge_integers(self) -> None:
+        with pytest.raises(InvalidRequestError) as info:
+            free_json_text(nested(MAX_FREE_JSON_DEPTH + 1), "guided_json")
+        assert (info.value.status, info.value.param) == (400, "guided_json")
+        assert "nested more than 128 levels" in info.value.message
+        with pytest.raises(InvalidRequestError) as info:
+            free_json_text({"maximum": 10**30}, "guided_json")
+        assert info.value.param == "guided_json"
+
+    def test_a_body_too_deep_to_decode_is_invalid_json(self) -> None:
+        depth = 5000
+        body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], '
+        body += b'"chat_template_kwargs": {"a": ' + b"[" * depth + b"]" * depth + b"}}"
+        err = chat_error(body)
+        assert err.code == "invalid_json" and "nested too deeply" in err.message
+
+    @pytest.mark.parametrize(
+        ("fields", "param"),
+        [
+            (
+                {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+                "response_format.json_schema.schema",
+            ),
+            ({"guided_json": {}}, "guided_json"),
+            ({"structured_outputs": {"json": {}}}, "structured_outputs.json"),
+            ({"structured_outputs": {"structural_tag": {}}}, "structured_outputs.structural_tag"),
+            ({"chat_template_kwargs": {}}, "chat_template_kwargs"),
+            ({"tools": [TOOL, TOOL]}, "tools[1].function.parameters"),
+        ],
+    )
+    def test_each_free_form_field_is_named(self, fields: dict[str, Any], param: str) -> None:
+        deep = nested(MAX_FREE_JSON_DEPTH + 1)
+        key, value = next(iter(fields.items()))
+        if key == "response_format":
+            value["json_schema"]["schema"] = {"a": deep}
+        elif key == "structured_outputs":
+            (inner,) = value
+            value[inner] = {"a": deep}
+        elif key == "tools":
+            value = [TOOL, {"type": "function", "function": {"name": "g", "parameters": deep}}]
+        else:
+            value = {"a": deep}
+        assert chat_error(chat(**{key: value})).param == param
+        # one level less passes
+        shallow = nested(MAX_FREE_JSON_DEPTH - 1)
+        if key == "tools":
+            value[1]["function"]["parameters"] = {"a": shallow}
+        elif key == "response_format":
+            value["json_schema"]["schema"] = {"a": shallow}
+        elif key == "structured_outputs":
+            value[inner] = {"a": shallow}
+        else:
+            value = {"a": shallow}
+        parse_chat_completion(chat(**{key: value}))
+
+    def test_completion_guided_json(self) -> None:
+        err = completion_error(completion(guided_json={"a": nested(MAX_FREE_JSON_DEPTH + 1)}))
+        assert err.param == "guided_json"
+
+
+class TestNeedsStreamOrTools:
+    @pytest.mark.parametrize("options", [{"include_usage": True}, {"include_usage": False}, {}])
+    def test_stream_options_without_stream(self, options: dict[str, Any]) -> None:
+        for stream in (_DROP, False):
+            err = chat_error(chat(stream=stream, stream_options=options))
+            assert err.param == "stream_options"
+            err = completion_error(completion(stream=stream, stream_options=options))
+            assert err.param == "stream_options"
+
+    @pytest.mark.parametrize(
+        ("fields", "param"),
+        [
+            ({"tool_choice": "auto"}, "tool_choice"),
+            ({"tool_choice": "required"}, "tool_choice"),
+            ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+            ({"parallel_tool_calls": False}, "parallel_tool_calls"),
+            ({"parallel_tool_calls": True, "tools": []}, "parallel_tool_calls"),
+        ],
+    )
+    def test_tool_fields_without_tools(self, fields: dict[str, Any], param: str) -> None:
+        assert chat_error(chat(**fields)).param == param
+
+    def test_tool_choice_none_without_tools(self) -> None:
+        assert parse_chat_completion(chat(tool_choice="none")).tool_choice == "none"
 
 
 class TestChatErrors:
@@ -437,6 +547,29 @@ class TestSurface:
     def test_max_completion_tokens_is_unknown_here(self) -> None:
         err = completion_error(completion(max_completion_tokens=3))
         assert (err.code, err.param) == ("unknown_field", "max_completion_tokens")
+
+
+class TestCheckMaxTokens:
+    def test_names_the_field_the_client_used(self) -> None:
+        for param in ("max_tokens", "max_completion_tokens"):
+            with pytest.raises(InvalidRequestError) as info:
+                check_max_tokens(4096, 4096, param)
+            err = info.value
+            assert (err.status, err.code, err.param) == (400, "context_length_exceeded", param)
+            assert "at most 4095" in err.message
+
+    def test_room_for_a_prompt_token_passes(self) -> None:
+        check_max_tokens(4095, 4096, "max_tokens")
+        check_max_tokens(None, 4096, "max_tokens")
+
+    def test_chat_records_which_field(self) -> None:
+        req = parse_chat_completion(chat(max_completion_tokens=5))
+        assert (req.sampling.max_tokens, req.sampling.max_tokens_param) == (
+            5,
+            "max_completion_tokens",
+        )
+        req = parse_chat_completion(chat(max_tokens=5))
+        assert req.sampling.max_tokens_param == "max_tokens"
 
 
 class TestCheckContext:

@@ -264,3 +264,33 @@ class TestErrorNames:
         assert responses_error(err) is err
         err = InvalidRequestError("x", param="tool_choice")
         assert responses_error(err) is err
+
+
+class TestNesting:
+    """Free-form values the response object echoes or the engine gets as JSON text: nested
+    deeper than MAX_FREE_JSON_DEPTH, a 400 naming them (orjson writes at most 254 levels)."""
+
+    @staticmethod
+    def deep(depth: int) -> Any:
+        value: Any = 1
+        for _ in range(depth):
+            value = [value]
+        return {"enum": [value]}
+
+    def test_tool_parameters(self):
+        from switchyard.preprocessor.openai_requests import MAX_FREE_JSON_DEPTH
+
+        ok = dict(TOOL, parameters=self.deep(MAX_FREE_JSON_DEPTH - 2))
+        assert parse(tools=[TOOL, ok]).tools
+        bad = dict(TOOL, parameters=self.deep(MAX_FREE_JSON_DEPTH))
+        assert refused(tools=[TOOL, bad]).param == "tools[1].parameters"
+
+    def test_text_format_schema(self):
+        fmt = {"type": "json_schema", "name": "x", "schema": self.deep(200)}
+        assert refused(text={"format": fmt}).param == "text.format.schema"
+
+    def test_a_body_too_deep_to_decode(self):
+        body = b'{"model": "m", "input": [' + b"[" * 5000 + b"]" * 5000 + b"]}"
+        with pytest.raises(InvalidRequestError) as info:
+            parse_responses(body)
+        assert info.value.code == "invalid_json"
