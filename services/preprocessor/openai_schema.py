@@ -100,7 +100,7 @@ class AssistantMessage(Struct, tag_field="role", tag="assistant", **_CONFIG):  #
 
 class ToolMessage(Struct, tag_field="role", tag="tool", **_CONFIG):  # type: ignore[call-arg]
     content: Content
-    tool_call_id: str | None = None
+    tool_call_id: str  # required, as OpenAI and vLLM have it
     name: str | None = None
 
 

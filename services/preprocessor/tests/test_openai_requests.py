@@ -240,6 +240,18 @@ class TestNeedsStreamOrTools:
     def test_tool_fields_without_tools(self, fields: dict[str, Any], param: str) -> None:
         assert chat_error(chat(**fields)).param == param
 
+    def test_a_tool_message_needs_its_tool_call_id(self) -> None:
+        call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        messages: list[dict[str, Any]] = [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "content": "sunny"},
+        ]
+        err = chat_error(chat(messages=messages))
+        assert (err.code, err.param) == ("missing_field", "messages[2].tool_call_id")
+        messages[2]["tool_call_id"] = "c1"
+        parse_chat_completion(chat(messages=messages))
+
     def test_tool_choice_none_without_tools(self) -> None:
         assert parse_chat_completion(chat(tool_choice="none")).tool_choice == "none"
 
