@@ -540,6 +540,12 @@ class TestCompletions:
             model="ds-v3", prompt="Pick a track", max_tokens=4, n=2, best_of=4
         )
         assert [c.index for c in reply.choices] == [0, 1]
+        # best_of ranks by logprobs; the client who did not ask for them gets none
+        assert [c.logprobs for c in reply.choices] == [None, None]
+        reply = stack.client.completions.create(
+            model="ds-v3", prompt="Pick a track", max_tokens=4, n=2, best_of=4, logprobs=1
+        )
+        assert all(len(c.logprobs.tokens) >= 1 for c in reply.choices)
 
 
 class TestRefusals:

@@ -272,8 +272,12 @@ async def finish(ctx: RequestContext, sink: Sink) -> None:
     if isinstance(sink, CollectSink):
         if isinstance(req, CompletionRequest) and req.best_of > req.sampling.n:
             sink.keep = req.sampling.n
-        chat_logprobs = isinstance(req, ChatCompletionRequest) and req.logprobs
-        await sink.end(state.choices, usage, chat_logprobs)
+        # Asked for by the client (best_of asks the engine for them to rank its candidates).
+        if isinstance(req, ChatCompletionRequest):
+            shown = req.logprobs
+        else:
+            shown = isinstance(req, CompletionRequest) and req.logprobs is not None
+        await sink.end(state.choices, usage, shown)
     else:
         await sink.end(state.choices, usage)
     state.usage = usage

@@ -326,12 +326,14 @@ class CollectSink:
             "finish_reason": choice.finish_reason or "stop",
         }
 
-    def _completion_choice(self, choice: ChoiceOutput, index: int) -> dict[str, Any]:
+    def _completion_choice(
+        self, choice: ChoiceOutput, index: int, logprobs: bool
+    ) -> dict[str, Any]:
         lp = choice.completion_logprobs
         return {
             "index": index,
             "text": choice.echo + self.text(choice.index),
-            "logprobs": lp.whole() if lp is not None else None,
+            "logprobs": lp.whole() if lp is not None and logprobs else None,
             "finish_reason": choice.finish_reason or "stop",
         }
 
@@ -353,7 +355,7 @@ class CollectSink:
                 "object": "text_completion",
                 "created": created,
                 "model": model,
-                "choices": [self._completion_choice(c, i) for i, c in enumerate(kept)],
+                "choices": [self._completion_choice(c, i, logprobs) for i, c in enumerate(kept)],
                 "usage": usage.as_dict(),
             }
         await self._http.respond(200, orjson.dumps(body))
