@@ -408,6 +408,30 @@ class TestStructuredOutput:
 
         assert re.fullmatch("T[0-9]{3}", reply.choices[0].text)
 
+    @pytest.mark.parametrize(
+        ("extra", "param"),
+        [
+            (
+                {"response_format": {"type": "json_schema",
+                                     "json_schema": {"name": "x", "schema": {"type": "wat"}}}},
+                "response_format",
+            ),
+            ({"extra_body": {"regex": "[ab"}}, "regex"),
+            (
+                {"tools": [{"type": "function",
+                            "function": {"name": "f", "parameters": {"type": "wat"}}}],
+                 "tool_choice": "required"},
+                "tools",
+            ),
+        ],
+    )  # fmt: skip
+    def test_a_constraint_the_engine_refuses_is_named(self, stack, extra, param):
+        with pytest.raises(openai.BadRequestError) as info:
+            stack.client.chat.completions.create(
+                model="ds-v3", messages=[{"role": "user", "content": "hi"}], max_tokens=5, **extra
+            )
+        assert (info.value.body["code"], info.value.body["param"]) == ("engine_rejected", param)
+
 
 class TestSampling:
     def test_n_choices(self, stack):

@@ -137,6 +137,9 @@ class TokenizerLoadError(Exception):
     """A tokenizer folder or zip is missing files, malformed, or unsafe to unpack."""
 
 
+ENGINE_REJECTED = "engine_rejected"
+
+
 def as_request_error(exc: BaseException) -> RequestError:
     """Any failure of a request -> the client-facing error (logged when unexpected)."""
     if isinstance(exc, RequestError):
@@ -155,7 +158,7 @@ def as_request_error(exc: BaseException) -> RequestError:
                 400,
                 f"The engine rejected the request: {exc.message}",
                 INVALID_REQUEST,
-                "engine_rejected",
+                ENGINE_REJECTED,
             )
         if exc.kind in kinds.MIGRATABLE:
             return ServiceUnavailableError(

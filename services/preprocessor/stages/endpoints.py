@@ -24,7 +24,11 @@ from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
 from switchyard.preprocessor import sse
-from switchyard.preprocessor.errors import DeadlineExceededError, as_request_error
+from switchyard.preprocessor.errors import (
+    ENGINE_REJECTED,
+    DeadlineExceededError,
+    as_request_error,
+)
 from switchyard.preprocessor.openai_requests import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -302,6 +306,18 @@ def _predictions(ctx: RequestContext) -> list[tuple[int, int, int, int]]:
     return out
 
 
+def _constraint_field(ctx: RequestContext) -> str | None:
+    """The field whose constraint the engine was sent, if any: everything else an engine
+    could refuse is checked before it is sent, so its refusal is of the grammar it had to
+    compile (a schema feature it lacks, an invalid regex)."""
+    if ctx.state.extra.get("constraint") is not None:
+        return "tools"  # tool_choice's schema, built from the tools' parameters
+    sampling = getattr(ctx.inp.request, "sampling", None)
+    if sampling is not None and sampling.constraint is not None:
+        return sampling.constraint_param or None
+    return None
+
+
 def _check_deadline(ctx: RequestContext) -> None:
     timeout = ctx.inp.timeout
     if timeout and time.perf_counter() - ctx.inp.received >= timeout:
@@ -360,6 +376,8 @@ async def serve(
         return 200
     except Exception as exc:
         err = as_request_error(exc)
+        if err.code == ENGINE_REJECTED and err.param is None and ctx is not None:
+            err.param = _constraint_field(ctx)
         if endpoint == RESPONSES:
             err = responses_error(err)
         if exchange is not None:
