@@ -108,11 +108,26 @@ class AsgiOut:
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+class UnsupportedEncodingError(RequestError):
+    """A compressed body (Content-Encoding): 415 with the one encoding read (RFC 9110
+    15.5.16), rather than a parse error about bytes that were never JSON."""
+
+    def __init__(self, encoding: str) -> None:
+        super().__init__(
+            415,
+            f"Content-Encoding {encoding!r} is not supported: send the body uncompressed.",
+            INVALID_REQUEST,
+            "unsupported_content_encoding",
+        )
+
+
 def error_headers(exc: RequestError) -> list[tuple[bytes, bytes]]:
     if isinstance(exc, RateLimitError):
         return [(b"retry-after", str(exc.retry_after).encode())]
     if isinstance(exc, AuthenticationError):
         return [(b"www-authenticate", b'Bearer realm="switchyard"')]
+    if isinstance(exc, UnsupportedEncodingError):
+        return [(b"accept-encoding", b"identity")]
     return []
 
 
@@ -268,6 +283,7 @@ class Edge:
 def _exchange(endpoint: str, scope: Scope, deps: Deps) -> tuple[Exchange, RequestError | None]:
     """The request's ids (X-Request-Id or minted) and trace; the error of a bad header."""
     header = traceparent = session = None
+    refused: RequestError | None = None
     for name, value in scope["headers"]:
         if name == request_ids.HEADER:
             header = value
@@ -275,7 +291,9 @@ def _exchange(endpoint: str, scope: Scope, deps: Deps) -> tuple[Exchange, Reques
             traceparent = value
         elif name == _SESSION:
             session = value
-    refused: RequestError | None = None
+        elif name == b"content-encoding" and value.lower() not in (b"identity", b""):
+            encoding = bytes(value).decode("latin-1")
+            refused = UnsupportedEncodingError(encoding)
     exchange: Exchange | None = None
     if header is not None:
         try:

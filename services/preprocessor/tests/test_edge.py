@@ -149,6 +149,27 @@ async def test_a_body_over_the_limit_is_413(served):
     assert served[0] == []
 
 
+@pytest.mark.parametrize("encoding", [b"gzip", b"br", b"deflate, gzip"])
+async def test_a_compressed_body_is_415(served, encoding):
+    app = Edge(other_app, Deps(), max_body_bytes=100)
+    client = Client(b"\x1f\x8b\x08")
+    headers = [(b"content-encoding", encoding)]
+    await app(http("/v1/chat/completions", headers=headers), client.receive, client.send)
+    assert client.sent[0]["status"] == 415
+    assert (b"accept-encoding", b"identity") in client.sent[0]["headers"]
+    assert orjson.loads(client.body)["error"]["code"] == "unsupported_content_encoding"
+    assert served[0] == []
+
+
+async def test_an_identity_encoding_is_read(served):
+    seen, state = served
+    state["behaviour"] = answer_json
+    app = Edge(other_app, Deps(), max_body_bytes=100)
+    headers = [(b"content-encoding", b"identity")]
+    await app(http("/v1/completions", headers=headers), Client(b"{}").receive, Client().send)
+    assert seen == [("completions", b"{}")]
+
+
 async def test_a_client_gone_before_its_body_gets_nothing(served):
     app = Edge(other_app, Deps(), max_body_bytes=10)
     client = Client()
