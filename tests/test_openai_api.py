@@ -249,6 +249,15 @@ class TestErrors:
                 assert error["param"] == param
             assert http.get("/v1/models").status_code == 200
 
+    def test_a_compressed_body_is_415(self, stack):
+        import gzip
+
+        body = gzip.compress(b'{"model": "deepseek-mock", "prompt": "hi", "max_tokens": 2}')
+        headers = {"content-type": "application/json", "content-encoding": "gzip"}
+        reply = httpx.post(stack.base_url + "/v1/completions", content=body, headers=headers)
+        self._error(reply, 415, "unsupported_content_encoding")
+        assert reply.headers["accept-encoding"] == "identity"
+
     def test_unknown_path_is_openai_shaped(self, stack):
         self._error(httpx.get(stack.base_url + "/v1/nope"), 404)
 
