@@ -10,22 +10,14 @@ from switchyard.preprocessor.app import create_app
 from switchyard.preprocessor.auth import Access, KeyRing
 from switchyard.preprocessor.catalog import ModelEntry
 from switchyard.preprocessor.edge import Edge
-from switchyard.preprocessor.state import PreprocessorConfig, PreprocessorState
 
 KEY = "sk-test-key"
 MODELS = ("deepseek-ai/DeepSeek-V3", "yard-chat")
 
 
 @pytest.fixture
-async def state():
-    s = PreprocessorState(
-        PreprocessorConfig(
-            routers=["tcp://127.0.0.1:1"],
-            dispatchers=["tcp://127.0.0.1:2"],
-            fleet_control="tcp://127.0.0.1:3",
-            fleet_events="tcp://127.0.0.1:4",
-        )
-    )
+async def state(offline_state):
+    s = offline_state
     s.catalog = {name: ModelEntry(name, 4096, 1) for name in MODELS}
     yield s
     await s.dispatcher.close()

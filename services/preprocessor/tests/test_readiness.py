@@ -7,7 +7,6 @@ from types import MappingProxyType
 import pytest
 
 from switchyard.preprocessor.catalog import build_catalog
-from switchyard.preprocessor.state import PreprocessorConfig, PreprocessorState
 from switchyard.protos.messages import Instance
 
 MODEL = "m"
@@ -27,15 +26,8 @@ def instance(role: str = "aggregated", local_prefill: bool = True) -> Instance:
 
 
 @pytest.fixture
-async def state(monkeypatch):
-    s = PreprocessorState(
-        PreprocessorConfig(
-            routers=["tcp://127.0.0.1:1"],
-            dispatchers=["tcp://127.0.0.1:2"],
-            fleet_control="tcp://127.0.0.1:3",
-            fleet_events="tcp://127.0.0.1:4",
-        )
-    )
+async def state(monkeypatch, offline_state):
+    s = offline_state
     up = {"tokenizer": True, "dispatcher": True, "router": True}
     monkeypatch.setattr(s.tokenizers, "loaded", lambda: {MODEL} if up["tokenizer"] else set())
     monkeypatch.setattr(s.dispatcher, "connected", lambda: up["dispatcher"])
