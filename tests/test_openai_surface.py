@@ -303,6 +303,57 @@ class TestToolLoop:
         assert "<tool_call>" in reply.choices[0].message.content
 
 
+NAMED = {"type": "function", "function": {"name": "get_time"}}
+
+
+class TestToolCallCutOff:
+    """Regression: a required / named tool call cut off by max_tokens spilled its raw JSON
+    into `content` (named, not streamed: '{"city": "stone echo'; required, both ways:
+    '[{"name": "get_weather", "' or ', {"name": ...' after a complete call). As vLLM: the
+    named output is the call's arguments whatever their completeness; a required list keeps
+    its complete calls and its last call once its name and arguments began (truncated
+    arguments); finish_reason stays "length"; streamed and whole answers agree."""
+
+    def ask(self, stack, model, tool_choice, max_tokens, stream):
+        reply = stack.client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "anything at all"}],
+            tools=TOOLS,
+            tool_choice=tool_choice,
+            max_tokens=max_tokens,
+            temperature=0,  # the same output every time: the cuts are prefixes of it
+            stream=stream,
+        )
+        if stream:
+            got = streamed(reply)
+            calls = [(c["name"], c["arguments"]) for c in got["calls"].values()]
+            return got["content"], calls, got["finish"], None
+        choice = reply.choices[0]
+        message = choice.message
+        calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
+        return message.content or "", calls, choice.finish_reason, reply.usage
+
+    @pytest.mark.parametrize("model", ["ds-v3", "qwen3"])
+    @pytest.mark.parametrize("tool_choice", ["required", NAMED], ids=["required", "named"])
+    def test_cut_by_max_tokens(self, stack, model, tool_choice):
+        _, full, finish, usage = self.ask(stack, model, tool_choice, 400, False)
+        assert finish == "tool_calls" and full
+        n = usage.completion_tokens
+        for max_tokens in sorted({1, 2, n // 3, n // 2, n - 2, n - 1}):
+            if not 0 < max_tokens < n:
+                continue
+            whole = self.ask(stack, model, tool_choice, max_tokens, False)
+            content, calls, finish, _ = whole
+            where = f"max_tokens={max_tokens} of {n}: {whole[:3]}"
+            assert content == "" and finish == "length", where
+            assert self.ask(stack, model, tool_choice, max_tokens, True)[:3] == whole[:3]
+            assert len(calls) <= len(full), where
+            for (name, arguments), (full_name, full_arguments) in zip(calls, full, strict=False):
+                assert name == full_name and full_arguments.startswith(arguments), where
+            if tool_choice is NAMED or max_tokens == n - 1:
+                assert calls, where  # the named output, or the list but its last token
+
+
 class TestReasoning:
     @pytest.mark.parametrize("stream", [False, True])
     def test_r1_template_opens_the_block(self, stack, stream):

@@ -194,6 +194,38 @@ class TestToolLoop:
         if isinstance(tool_choice, dict):
             assert [call.name for call in calls] == ["get_time"]
 
+    @pytest.mark.parametrize("model", ["ds-v3", "qwen3"])
+    @pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "name": "get_time"}])
+    def test_required_and_named_cut_off(self, stack, model, tool_choice):
+        """Regression: a call cut off by max_output_tokens came out as an output_text item
+        of raw JSON. Now function_call items (the last one's arguments truncated; an empty
+        message when no call began), the response incomplete, streamed the same as not."""
+        fields = dict(
+            model=model,
+            input="anything at all",
+            tools=TOOLS,
+            tool_choice=tool_choice,
+            temperature=0,  # the same output every time
+        )
+        full = stack.client.responses.create(max_output_tokens=400, **fields)
+        n = full.usage.output_tokens
+        wanted = [(c.name, c.arguments) for c in full.output if c.type == "function_call"]
+        for cut in sorted({n // 2, n - 1}):
+            reply = stack.client.responses.create(max_output_tokens=cut, **fields)
+            _, streamed_reply = streamed(
+                stack.client.responses.create(max_output_tokens=cut, stream=True, **fields)
+            )
+            got = []
+            for answer in (reply, streamed_reply):
+                assert answer.status == "incomplete" and answer.output_text == "", cut
+                got.append([(c.name, c.arguments) for c in answer.output if c.type != "message"])
+            calls = got[0]
+            assert got[1] == calls and len(calls) <= len(wanted)
+            if cut == n - 1:
+                assert calls and types_of(reply) == ["function_call"] * len(calls)
+            for (name, arguments), (full_name, full_args) in zip(calls, wanted, strict=False):
+                assert name == full_name and full_args.startswith(arguments), calls
+
 
 class TestReasoning:
     @pytest.mark.parametrize("stream", [False, True])

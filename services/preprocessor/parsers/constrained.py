@@ -3,18 +3,24 @@
 - `tool_choice: "required"`: the engine was constrained to a JSON list of
   {"name": ..., "parameters": {...}} objects (at least one; one when parallel_tool_calls is
   false); each item is a call. The list streams item by item, arguments as they arrive.
+  A list cut off by max_tokens keeps its complete calls, and its last call once that call's
+  name and the start of its arguments were read (its arguments as far as they got, as
+  vLLM streams them); an item cut off before that is dropped. Streamed or not, the list's
+  own syntax never becomes content.
 - a named function: the engine was constrained to that function's parameters schema; the
-  whole output is the arguments of one call of it.
-No markup is involved, so these parsers serve every model family. Output that does not
-have the constrained shape (an engine that ignored the constraint) falls back to content.
+  whole output is the arguments of one call of it, whether or not they are complete JSON
+  (vLLM's `arguments=content`), so a cut-off output is a call with truncated arguments.
+No markup is involved, so these parsers serve every model family. A required output that
+is not a list (an engine that ignored the constraint) falls back to content.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from .json_calls import Read
 from .mistral import _ITEM, MistralToolParser
-from .scan import WHITESPACE
+from .scan import WHITESPACE, Header, JsonEnd, match_header
 from .tool_stream import ToolParser, openai_call_id
 
 
@@ -46,6 +52,24 @@ class RequiredToolParser(MistralToolParser):
     def _begin_section(self, marker: str) -> None:
         self._raw = ["["]
         self._state = _ITEM
+
+    def _cut_off(self) -> Read:
+        """The output ended inside the list (max_tokens): the item being read is a call
+        once its header is read and its arguments began, under both policies (the
+        progressive one announced it already); before that it is dropped."""
+        if self._open is not None and not self._strict:
+            return super()._cut_off()
+        buf = self._buf
+        header = match_header(buf)
+        if isinstance(header, Header) and buf[header.args_start] in "{[":
+            if not self._open_call(header.name):
+                return self._failed()
+            scan = JsonEnd(header.args_start)  # the text the progressive policy streamed
+            scan.scan(buf)
+            self._close_call(arguments=buf[header.args_start : scan.pos], check=False)
+        self._consume(len(buf))
+        self._object = None
+        return Read.DONE
 
 
 class NamedToolParser(ToolParser):
@@ -82,10 +106,8 @@ class NamedToolParser(ToolParser):
         buf = self._buf
         if final:
             self._consume(len(buf))
-            if self._close_call(buf.rstrip(WHITESPACE)):
-                self._end_section()
-            else:
-                self._fail()
+            self._close_call(buf.rstrip(WHITESPACE), check=False)  # complete or not
+            self._end_section()
             return True
         if not self._strict:
             ready = len(buf.rstrip(WHITESPACE))

@@ -63,14 +63,7 @@ class JsonCallsParser(ToolParser):
                 self._args_scan = None  # the value is complete; the object closes next
         end = self._object.scan(buf)
         if end == -1:
-            if not final:
-                return Read.WAIT
-            if self._open is not None and not self._strict:
-                self._consume(len(buf))  # announced, cut off: it keeps what it has
-                self._close_call()
-                self._object = None
-                return Read.DONE
-            return self._failed()
+            return self._cut_off() if final else Read.WAIT
         body = buf[:end]
         self._consume(end)
         self._object = None
@@ -78,6 +71,16 @@ class JsonCallsParser(ToolParser):
             self._close_call()
             return Read.DONE
         return self._whole(body)
+
+    def _cut_off(self) -> Read:
+        """The output ended inside the object (max_tokens cut it). Progressive: a call
+        already announced keeps what it has; otherwise the object is not a call."""
+        if self._open is not None and not self._strict:
+            self._consume(len(self._buf))
+            self._close_call()
+            self._object = None
+            return Read.DONE
+        return self._failed()
 
     def _whole(self, body: str) -> Read:
         try:

@@ -57,6 +57,9 @@ class MistralToolParser(JsonCallsParser):
                     return False
                 if state == _ITEM_END:
                     self._end_section()  # the list was cut off after a complete call
+                elif state == _ITEM:  # cut off before the next item: the family decides
+                    if self._cut_off() is Read.DONE:
+                        self._end_section()
                 else:
                     self._fail()
                 return True

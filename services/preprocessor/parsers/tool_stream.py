@@ -227,9 +227,10 @@ class ToolParser:
         if not self._strict and not call.ignored:
             self._deltas.append(ToolCallDelta(call.index, None, None, fragment))
 
-    def _close_call(self, tail: str = "", arguments: str | None = None) -> bool:
+    def _close_call(self, tail: str = "", arguments: str | None = None, check: bool = True) -> bool:
         """The open call is complete: `tail` is its last argument text, or `arguments` all
-        of it. False (strict policy) when the arguments are not valid JSON."""
+        of it. False (strict policy) when the arguments are not valid JSON, unless `check`
+        is false (a call whose arguments are whatever the output holds, valid or not)."""
         call = self._open
         if call is None:
             return False
@@ -241,10 +242,11 @@ class ToolParser:
         else:
             fresh = arguments
         if self._strict:
-            try:
-                json.loads(arguments)
-            except ValueError:
-                return False
+            if check:
+                try:
+                    json.loads(arguments)
+                except ValueError:
+                    return False
             if not call.ignored:
                 self._deltas.append(ToolCallDelta(call.index, call.id, call.name, ""))
                 if arguments:

@@ -84,19 +84,82 @@ class TestRequired:
         check_chunkings(required, "I cannot do that.", ("I cannot do that.", "", ()))
 
 
+LIST = (
+    '[{"name": "get_weather", "parameters": '
+    + WEATHER
+    + '}, {"name": "get_time", "parameters": {"tz": "UTC"}}]'
+)
+
+
+class TestRequiredCutOff:
+    """Regression: a required list cut off by max_tokens spilled its JSON into content
+    ('[{"name": "get_weather", "' or ', {"name": ...' after a complete call), streamed and
+    not. Now, as vLLM streams it: complete calls, then the last call once its name and the
+    start of its arguments were read, with the arguments it has; the list syntax is never
+    content, and the streamed and whole results agree."""
+
+    def test_cut_before_the_arguments_drops_the_item(self) -> None:
+        for text in (
+            "[",
+            "[ ",
+            '[{"name": "get_weather", "',
+            '[{"name": "get_weather", "parameters": ',
+        ):
+            check_chunkings(required, text, ("", "", ()))
+
+    def test_cut_inside_the_arguments_keeps_them(self) -> None:
+        text = '[{"name": "get_weather", "parameters": {"city": "Pa'
+        check_chunkings(required, text, ("", "", (("get_weather", '{"city": "Pa'),)))
+
+    def test_cut_after_a_complete_call(self) -> None:
+        first = '[{"name": "get_weather", "parameters": ' + WEATHER + "}"
+        for tail in ("", ",", ", ", ', {"name": "get_time", "parameters'):
+            check_chunkings(required, first + tail, ("", "", (("get_weather", WEATHER),)))
+        check_chunkings(
+            required,
+            first + ', {"name": "get_time", "parameters": {"tz"',
+            ("", "", (("get_weather", WEATHER), ("get_time", '{"tz"'))),
+        )
+
+    def test_every_cut_is_calls_only(self) -> None:
+        """At every length: no content, at most two calls, each call's arguments a prefix
+        of the whole one's, streamed (every split) the same as whole."""
+        full = (("get_weather", WEATHER), ("get_time", '{"tz": "UTC"}'))
+        for end in range(len(LIST) + 1):
+            text = LIST[:end]
+            got = collect(required(True), [text])
+            want = ("", "", tuple((c.name, c.arguments) for c in got.tool_calls))
+            assert want[0] == got.content == ""
+            for (name, args), (full_name, full_args) in zip(want[2], full, strict=False):
+                assert name == full_name and full_args.startswith(args), text
+            check_chunkings(required, text, want)
+
+    def test_unknown_name_cut_off_is_content(self) -> None:
+        text = '[{"name": "launch", "parameters": {"a'
+        check_chunkings(required, text, (text, "", ()))
+
+    def test_one_call_when_not_parallel(self) -> None:
+        text = '[{"name": "get_time", "parameters": {}}, {"name": "get_time", "parameters": {"a'
+        for strict in (False, True):
+            parsed = collect(required(strict, max_calls=1), list(text))
+            assert [(c.name, c.arguments) for c in parsed.tool_calls] == [("get_time", "{}")]
+            assert parsed.content == ""
+
+
 class TestNamed:
     def test_whole_output_is_the_arguments(self, bundle: TokenizerBundle) -> None:
         text = ' {"city": "Paris", "days": 3}\n'
         want = ("", "", (("get_weather", '{"city": "Paris", "days": 3}'),))
         check_chunkings(named, text, want, tokenizer=bundle)
 
-    def test_invalid_json_strict_is_content(self) -> None:
-        check_chunkings(
-            named,
-            '{"city": ',
-            ("", "", (("get_weather", '{"city":'),)),
-            strict_expected=('{"city": ', "", ()),
-        )
+    def test_cut_off_output_is_the_arguments(self) -> None:
+        """Regression: a named call cut off by max_tokens was content when not streamed
+        ('{"city": "stone echo'). As vLLM: the output is the arguments, complete or not."""
+        check_chunkings(named, '{"city": ', ("", "", (("get_weather", '{"city":'),)))
+        text = ' {"city": "Paris", "days": 3}\n'
+        for end in range(2, len(text) + 1):
+            args = text[:end].strip(" \n")
+            check_chunkings(named, text[:end], ("", "", (("get_weather", args),)))
 
     def test_empty_output_is_no_call(self) -> None:
         parser = named(False)
