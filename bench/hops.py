@@ -206,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     chosen = args.sections or list(sections)
+    if args.variants and len(set(args.variants.split(","))) < 2:
+        # The first variant is the baseline every other one runs beside: alone, nothing runs.
+        parser.error("--variants needs a baseline and at least one variant to run beside it")
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

@@ -4,9 +4,11 @@ reports every variant against its baseline. No timed assertions."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
-from test_bench_smoke import run_bench
+from test_bench_smoke import ROOT, run_bench
 
 
 def test_hops_bench_quick(tmp_path: Path) -> None:
@@ -35,3 +37,14 @@ def test_hops_bench_quick(tmp_path: Path) -> None:
                 assert base[first] > 0 and other[first] > 0, (where, variant)
                 assert set(base) == set(c["metrics"]) == set(other), (where, variant)
         assert f"| {c['baseline']} |" in text, where
+
+
+def test_hops_refuses_a_baseline_alone() -> None:
+    # The first variant is the baseline: alone, no pair runs and there is nothing to report.
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "hops.py"), "zmq", "--variants", "tcp-loop-1"],
+        cwd=ROOT / "bench", capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "at least one variant to run beside it" in result.stderr
+    assert "Traceback" not in result.stderr
