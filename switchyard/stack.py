@@ -46,6 +46,7 @@ from switchyard.common.ports import (
     PortRange,
     add_port_arguments,
     bind_tcp,
+    port_number,
     read_ready_file,
     wildcard_endpoint,
     write_ready_file,
@@ -117,7 +118,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--http-port",
-        type=int,
+        type=port_number,
         default=endpoints.HTTP_PORT,
         help="HTTP port of the OpenAI API (0: a free one of --port-range, logged)",
     )
@@ -199,7 +200,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--router-metrics-port",
-        type=int,
+        type=port_number,
         default=None,
         help="serve the router's Prometheus metrics on this port",
     )

@@ -207,6 +207,18 @@ def add_port_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def port_number(text: str) -> int:
+    """argparse type of a TCP port flag: 0..65535 (0: a free one), refused at parse time
+    instead of a bind() traceback after the stack started."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port out of range (0-65535): {value}")
+    return value
+
+
 def _port_range_arg(text: str) -> PortRange:
     try:
         return PortRange.parse(text)

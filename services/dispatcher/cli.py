@@ -36,13 +36,14 @@ def seconds(text: str) -> float:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bind",
+        type=endpoints.zmq_endpoint,
         default=endpoints.DISPATCHER,
         help="ZMQ endpoint to serve on (port 0: a free one, see --ready-file)",
     )
     endpoints.add_fleet_arguments(parser)
     parser.add_argument(
         "--stall-timeout",
-        type=float,
+        type=seconds,
         default=DEFAULT_STALL_TIMEOUT,
         help="an engine whose streams already produced output and that then sends nothing on "
         "any stream this long (frozen) has all its streams failed, to migrate (0: off)",

@@ -32,6 +32,17 @@ def _worker(text: str) -> WorkerSpec:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _probes(text: str) -> int:
+    """A number of probes >= 1 (argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -67,15 +78,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--control",
+        type=endpoints.zmq_endpoint,
         default=endpoints.FLEET_CONTROL,
         help="ROUTER endpoint for snapshots and down reports (port 0: a free one)",
     )
     parser.add_argument(
-        "--events", default=endpoints.FLEET_EVENTS, help="PUB endpoint for instance updates"
+        "--events",
+        type=endpoints.zmq_endpoint,
+        default=endpoints.FLEET_EVENTS,
+        help="PUB endpoint for instance updates",
     )
     parser.add_argument(
         "--readmit-after",
-        type=int,
+        type=_probes,
         default=2,
         metavar="PROBES",
         help="consecutive good probes before an engine that was down is routable again",

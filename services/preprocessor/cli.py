@@ -14,7 +14,7 @@ from switchyard.common import endpoints, heap
 from switchyard.common.engines.tls import add_engine_tls_arguments, engine_tls_from_args
 from switchyard.common.logs import add_logging_arguments, setup_logging
 from switchyard.common.metrics import add_metrics_arguments, serve_metrics
-from switchyard.common.ports import add_port_arguments, bind_tcp, write_ready_file
+from switchyard.common.ports import add_port_arguments, bind_tcp, port_number, write_ready_file
 from switchyard.preprocessor import admission
 from switchyard.preprocessor.app import create_app
 from switchyard.preprocessor.auth import ADMIN_TOKEN_ENV, KEYS_ENV, Access, KeyRing, keys_from_env
@@ -91,7 +91,7 @@ def add_guardrail_arguments(parser: argparse.ArgumentParser) -> None:
     )
     auth.add_argument(
         "--admin-port",
-        type=int,
+        type=port_number,
         default=None,
         help="serve /health, /ready, /metrics, /debug and /admin without a token on this port "
         "(0: a free one, see --ready-file); default: no admin listener",
@@ -155,18 +155,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--port",
-        type=int,
+        type=port_number,
         default=endpoints.HTTP_PORT,
         help="HTTP port (0: a free one of --port-range, see --ready-file)",
     )
     parser.add_argument(
         "--router",
+        type=endpoints.zmq_endpoint,
         action="append",
         default=None,
         help=f"router ZMQ endpoint (repeat for replicas; default {endpoints.ROUTER})",
     )
     parser.add_argument(
         "--dispatcher",
+        type=endpoints.zmq_endpoint,
         action="append",
         default=None,
         help=f"dispatcher ZMQ endpoint (repeat for replicas; default {endpoints.DISPATCHER})",

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bind",
+        type=endpoints.zmq_endpoint,
         default=endpoints.ROUTER,
         help="ZMQ endpoint to serve on (port 0: a free one, see --ready-file)",
     )
@@ -99,6 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     kv = parser.add_argument_group("KV events")
     kv.add_argument(
         "--kv-events-bind",
+        type=endpoints.zmq_endpoint,
         default=None,
         help="bind SUB sockets here (rank r at port + r) for engines whose publisher "
         "connects to the router, e.g. tcp://*:5557 (port 0: a free one, reported as "
@@ -106,6 +108,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     kv.add_argument(
         "--kv-events-proxy",
+        type=endpoints.zmq_endpoint,
         default=None,
         help="connect SUB sockets to a `switchyard kv-proxy` backend (rank r at port + r); "
         "how several router replicas all get events from engines that connect",

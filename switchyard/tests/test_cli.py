@@ -162,7 +162,7 @@ class TestConfigPrint:
         config.write_text("dispatcher:\n  stall-timeout: soon\n")
         out = run("dispatcher", "--config", str(config))
         assert out.returncode == 2
-        assert f"{config}: dispatcher.stall-timeout: expected a number, got 'soon'" in out.stderr
+        assert f"{config}: dispatcher.stall-timeout: not a number of seconds: 'soon'" in out.stderr
         out = run("router", env={"SWITCHYARD_ROUTER_MODE": "best"})
         assert out.returncode == 2
         assert "SWITCHYARD_ROUTER_MODE: 'best' is not one of" in out.stderr
@@ -183,3 +183,44 @@ class TestUpHandsTheConfigToItsChildren:
             common = Launcher(args, None, tmp_path).common  # type: ignore[arg-type]
             assert common[common.index("--config") + 1] == str(config)
             assert common[common.index("--log-format") + 1] == "json"
+
+
+class TestRefusedAtParseTime:
+    """A bad port, endpoint or count is a usage error (exit 2, the flag named), not a
+    traceback once the stack started (bind() OverflowError, ZMQError, ValueError) nor a
+    ZMQ bind that takes port 99999 modulo 65536."""
+
+    @pytest.mark.parametrize(
+        "command, argv",
+        [
+            ("up", ["--mock-engines", "sglang", "--http-port", "70000"]),
+            ("up", ["--mock-engines", "sglang", "--admin-port", "-1"]),
+            ("up", ["--mock-engines", "sglang", "--router-metrics-port", "65536"]),
+            ("preprocessor", ["--port", "-1"]),
+            ("preprocessor", ["--admin-port", "x"]),
+            ("preprocessor", ["--router", "nonsense"]),
+            ("preprocessor", ["--dispatcher", "tcp://127.0.0.1"]),
+            ("router", ["--bind", "tcp://127.0.0.1:99999"]),
+            ("router", ["--fleet-control", "nonsense"]),
+            ("router", ["--kv-events-bind", "bogus"]),
+            ("router", ["--kv-events-proxy", "tcp://h:x"]),
+            ("dispatcher", ["--bind", "127.0.0.1:7300"]),
+            ("dispatcher", ["--fleet-events", "tcp://h:-1"]),
+            ("dispatcher", ["--stall-timeout", "-1"]),
+            ("fleet", ["--worker", "grpc://h:1", "--control", "tcp://127.0.0.1:99999"]),
+            ("fleet", ["--worker", "grpc://h:1", "--events", "x"]),
+            ("fleet", ["--worker", "grpc://h:1", "--readmit-after", "0"]),
+        ],
+    )
+    def test_usage_error(self, command, argv, capsys):
+        with pytest.raises(SystemExit) as exited:
+            cli.command_parser(command).parse_args(argv)
+        assert exited.value.code == 2
+        assert f"argument {argv[-2]}" in capsys.readouterr().err
+
+    @pytest.mark.parametrize(
+        "endpoint", ["tcp://127.0.0.1:0", "tcp://*:5557", "tcp://[::1]:7100", "ipc:///tmp/s"]
+    )
+    def test_good_endpoints_pass(self, endpoint):
+        args = cli.command_parser("router").parse_args(["--bind", endpoint])
+        assert args.bind == endpoint
