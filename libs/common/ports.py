@@ -18,6 +18,7 @@ port itself right away.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import random
@@ -86,15 +87,26 @@ class PortRange:
         return _rng.sample(range(self.low, self.high + 1), _SEARCH_TRIES)
 
 
+# errnos of a bind that another port may not hit (any other errno, or a socket.gaierror, is
+# about the address, not the port); an OSError without one is taken as "try another port".
+_PORT_TAKEN = frozenset({errno.EADDRINUSE, errno.EACCES})
+
+
 def bind_in_range(bind: Callable[[int], T], ports: PortRange | None = None) -> T:
     """Call `bind(port)` for free-looking ports of the range until one does not raise
-    OSError; returns its result. OSError when every try failed."""
+    OSError; returns its result. OSError when every try failed. An error that says the
+    address itself is wrong (an unknown host, one not on this machine: an errno other than
+    in-use / denied) is raised at once: another port cannot fix it, and each try of a host
+    name that does not resolve is a DNS lookup (the search took 25 s, then said "no free
+    port")."""
     ports = ports or PortRange.default()
     last: OSError | None = None
     for port in ports.candidates():
         try:
             return bind(port)
         except OSError as exc:
+            if exc.errno is not None and exc.errno not in _PORT_TAKEN:
+                raise
             last = exc
     raise OSError(f"no free port in {ports}: {last}")
 
@@ -167,7 +179,7 @@ def zmq_bind(sock: Any, endpoint: str, ports: PortRange | None = None) -> str:
             try:
                 sock.bind(f"tcp://{host}:{port}")
             except zmq.ZMQError as exc:
-                raise OSError(str(exc)) from None
+                raise OSError(exc.errno, str(exc)) from None
 
         bind_in_range(attempt, ports)
     last = sock.getsockopt(zmq.LAST_ENDPOINT)

@@ -1,3 +1,4 @@
+import errno
 import socket
 import subprocess
 import sys
@@ -111,3 +112,35 @@ class TestBindingOwnPorts:
         proc.wait()
         with pytest.raises(RuntimeError, match="exited with code 3"):
             ports.read_ready_file(tmp_path / "never.json", proc, timeout=10)
+
+
+def test_a_bad_host_is_raised_at_once_not_searched_port_by_port():
+    """An unknown host or one not on this machine is not a taken port: the search stops at
+    the first try with that error (it retried every candidate, a DNS lookup each, then
+    said "no free port")."""
+    tries: list[int] = []
+
+    def bind(port: int) -> int:
+        tries.append(port)
+        raise socket.gaierror(-2, "Name or service not known")
+
+    with pytest.raises(socket.gaierror):
+        ports.bind_in_range(bind)
+    assert len(tries) == 1
+    with pytest.raises(OSError, match="Cannot assign"):
+        ports.bind_tcp("192.0.2.1", 0)  # TEST-NET-1: not an address of this host
+
+
+def test_a_taken_port_is_still_searched_past():
+    tries: list[int] = []
+
+    def bind(port: int) -> int:
+        tries.append(port)
+        if len(tries) < 3:
+            raise OSError(errno.EADDRINUSE, "Address already in use")
+        if len(tries) < 5:
+            raise OSError("no errno: as the mock engine's gRPC bind says it")
+        return port
+
+    assert ports.bind_in_range(bind) == tries[-1]
+    assert len(tries) == 5
