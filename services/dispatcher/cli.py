@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+import zmq
+
 from switchyard.common import endpoints, heap
 from switchyard.common.engines.tls import add_engine_tls_arguments, engine_tls_from_args
 from switchyard.common.logs import add_logging_arguments, setup_logging
@@ -108,15 +110,33 @@ def run(args: argparse.Namespace) -> int:
             engine_streams=args.engine_streams,
             reply_window=args.reply_window_ms / 1000,
         )
-        metrics_port = serve_metrics(
-            service.metrics.registry, args.metrics_host, args.metrics_port, args.port_range
-        )
+        metrics_port: int | None = None
 
         def bound(endpoint: str) -> None:
+            started.append(endpoint)
             logs.instance = endpoint
             heap.settle()  # the start-up heap, out of full collections
             write_ready_file(args.ready_file, {"bind": endpoint, "metrics_port": metrics_port})
 
-        await service.run(stop, ports=args.port_range, on_bound=bound)
+        try:
+            metrics_port = serve_metrics(
+                service.metrics.registry, args.metrics_host, args.metrics_port, args.port_range
+            )
+        except OSError as exc:
+            failed.append(
+                f"cannot serve /metrics on {args.metrics_host}:{args.metrics_port}: {exc}"
+            )
+            return
+        try:
+            await service.run(stop, ports=args.port_range, on_bound=bound)
+        except (OSError, zmq.ZMQError) as exc:
+            if started:
+                raise
+            failed.append(str(exc))  # a port taken, an address not ours: one line, no traceback
 
-    return run_until_signal(main)
+    started: list[str] = []
+    failed: list[str] = []
+    code = run_until_signal(main)
+    if failed:
+        raise SystemExit(f"dispatcher cannot start: {failed[0]}")
+    return code

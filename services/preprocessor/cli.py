@@ -374,9 +374,14 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SystemExit(f"preprocessor: {exc}") from None
     state = PreprocessorState(config, access=access)
-    metrics_port = serve_metrics(
-        state.metrics.registry, args.metrics_host, args.metrics_port, args.port_range
-    )
+    try:
+        metrics_port = serve_metrics(
+            state.metrics.registry, args.metrics_host, args.metrics_port, args.port_range
+        )
+    except OSError as exc:
+        raise SystemExit(
+            f"preprocessor: cannot serve /metrics on {args.metrics_host}:{args.metrics_port}: {exc}"
+        ) from None
     app = Edge(
         create_app(state),
         state.deps,

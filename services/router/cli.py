@@ -6,6 +6,8 @@ import argparse
 import asyncio
 import logging
 
+import zmq
+
 from switchyard.common import endpoints, heap
 from switchyard.common.engines.tls import add_engine_tls_arguments, engine_tls_from_args
 from switchyard.common.logs import add_logging_arguments, setup_logging
@@ -202,11 +204,10 @@ def run(args: argparse.Namespace) -> int:
             silence_after=args.kv_silence_warning,
             tls=tls,
         )
-        metrics_port = serve_metrics(
-            service.metrics.registry, args.metrics_host, args.metrics_port, args.port_range
-        )
+        metrics_port: int | None = None
 
         def bound(endpoint: str) -> None:
+            started.append(endpoint)
             logs.instance = endpoint
             report: dict[str, object] = {"bind": endpoint, "metrics_port": metrics_port}
             if service.kv_listen_endpoint is not None:  # --kv-events-bind / --kv-events-proxy
@@ -214,6 +215,26 @@ def run(args: argparse.Namespace) -> int:
             heap.settle()  # the start-up heap, out of full collections
             write_ready_file(args.ready_file, report)
 
-        await service.run(stop, ports=args.port_range, on_bound=bound)
+        try:
+            metrics_port = serve_metrics(
+                service.metrics.registry, args.metrics_host, args.metrics_port, args.port_range
+            )
+        except OSError as exc:
+            failed.append(
+                f"cannot serve /metrics on {args.metrics_host}:{args.metrics_port}: {exc}"
+            )
+            return
+        try:
+            await service.run(stop, ports=args.port_range, on_bound=bound)
+        except (OSError, zmq.ZMQError) as exc:
+            if started:
+                raise
+            failed.append(str(exc))  # a port taken, an address not ours: one line, no traceback
 
-    return run_until_signal(main)
+    started: list[str] = []
+    failed: list[str] = []
+    code = run_until_signal(main)
+    if failed:
+        log.error("router cannot start: %s", failed[0])
+        return 1
+    return code

@@ -224,3 +224,33 @@ class TestRefusedAtParseTime:
     def test_good_endpoints_pass(self, endpoint):
         args = cli.command_parser("router").parse_args(["--bind", endpoint])
         assert args.bind == endpoint
+
+
+class TestTakenPorts:
+    """A port another process holds is one line naming it and exit 1 (router, dispatcher,
+    preprocessor: it was an OSError / ZMQError traceback)."""
+
+    @pytest.fixture
+    def taken(self):
+        import socket
+
+        with socket.socket() as held:
+            held.bind(("127.0.0.1", 0))
+            held.listen()
+            yield held.getsockname()[1]
+
+    @pytest.mark.parametrize(
+        "argv, message",
+        [
+            (["router", "--metrics-port", "{p}"], "router cannot start: cannot serve /metrics"),
+            (["router", "--bind", "tcp://127.0.0.1:{p}", "--metrics-port", "off"], "in use"),
+            (["dispatcher", "--metrics-port", "{p}"], "dispatcher cannot start: cannot serve"),
+            (["dispatcher", "--bind", "tcp://127.0.0.1:{p}", "--metrics-port", "off"], "in use"),
+            (["preprocessor", "--port", "0", "--metrics-port", "{p}"], "cannot serve /metrics"),
+        ],
+    )
+    def test_one_line_and_exit_1(self, taken, argv, message):
+        out = run(*(a.format(p=taken) for a in argv))
+        assert out.returncode == 1, out.stderr
+        assert "Traceback" not in out.stderr
+        assert message in out.stderr and "already in use" in out.stderr
