@@ -55,6 +55,13 @@ def _count(text: str) -> int:
     return value
 
 
+def _positive_count(text: str) -> int:
+    value = _count(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be > 0, got 0")
+    return value
+
+
 def add_guardrail_arguments(parser: argparse.ArgumentParser) -> None:
     """Keys, admission limits, deadlines, shutdown (also `switchyard up`'s)."""
     auth = parser.add_argument_group(
@@ -252,13 +259,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-body-bytes",
-        type=int,
+        type=_positive_count,
         default=32 * 1024 * 1024,
         help="larger generation requests get 413 (default 32 MiB)",
     )
     parser.add_argument(
         "--keep-alive-timeout",
-        type=float,
+        type=_positive_seconds,
         default=75.0,
         help="seconds an idle client connection is kept open (default 75, as nginx): longer "
         "than clients' own pool expiry (httpx: 5 s), so the client closes first and never "

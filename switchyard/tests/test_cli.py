@@ -200,6 +200,10 @@ class TestRefusedAtParseTime:
             ("preprocessor", ["--admin-port", "x"]),
             ("preprocessor", ["--router", "nonsense"]),
             ("preprocessor", ["--dispatcher", "tcp://127.0.0.1"]),
+            ("preprocessor", ["--max-body-bytes", "0"]),  # was: every request a 413
+            ("preprocessor", ["--max-body-bytes", "-1"]),
+            ("preprocessor", ["--keep-alive-timeout", "0"]),
+            ("preprocessor", ["--keep-alive-timeout", "-5"]),
             ("router", ["--bind", "tcp://127.0.0.1:99999"]),
             ("router", ["--fleet-control", "nonsense"]),
             ("router", ["--kv-events-bind", "bogus"]),
