@@ -25,6 +25,18 @@ from switchyard.router.timing import TimeParams
 log = logging.getLogger(__name__)
 
 
+def _seconds(text: str) -> float:
+    """A number of seconds >= 0 (argparse type): a negative or NaN interval is refused, not
+    taken as "warn at once" or "never"."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bind",
@@ -123,14 +135,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     kv.add_argument(
         "--kv-silence-warning",
-        type=float,
+        type=_seconds,
         default=30.0,
         help="warn about an engine routed to for this long whose KV events never arrived "
         "(default %(default)s s)",
     )
     parser.add_argument(
         "--load-poll-interval",
-        type=float,
+        type=_seconds,
         default=0.5,
         help="seconds between GetLoads polls of each engine when a plugin reads engine load "
         "(0: never poll; default %(default)s)",

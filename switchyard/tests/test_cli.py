@@ -208,6 +208,8 @@ class TestRefusedAtParseTime:
             ("router", ["--fleet-control", "nonsense"]),
             ("router", ["--kv-events-bind", "bogus"]),
             ("router", ["--kv-events-proxy", "tcp://h:x"]),
+            ("router", ["--kv-silence-warning", "-1"]),
+            ("router", ["--load-poll-interval", "nan"]),
             ("dispatcher", ["--bind", "127.0.0.1:7300"]),
             ("dispatcher", ["--fleet-events", "tcp://h:-1"]),
             ("dispatcher", ["--stall-timeout", "-1"]),
