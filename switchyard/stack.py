@@ -225,11 +225,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_port_arguments(parser)  # --port-range for every child; --ready-file for up itself
     parser.add_argument(
         "--start-timeout",
-        type=float,
+        type=_positive_seconds,
         default=120.0,
         help="seconds each start-up stage may take to report its ports",
     )
     add_logging_arguments(parser)
+
+
+def _positive_seconds(text: str) -> float:
+    value = seconds(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
 
 
 def _count(text: str) -> int:

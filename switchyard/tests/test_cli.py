@@ -196,6 +196,8 @@ class TestRefusedAtParseTime:
             ("up", ["--mock-engines", "sglang", "--http-port", "70000"]),
             ("up", ["--mock-engines", "sglang", "--admin-port", "-1"]),
             ("up", ["--mock-engines", "sglang", "--router-metrics-port", "65536"]),
+            ("up", ["--mock-engines", "sglang", "--start-timeout", "0"]),  # "not ready after 0s"
+            ("up", ["--mock-engines", "sglang", "--start-timeout", "-1"]),
             ("preprocessor", ["--port", "-1"]),
             ("preprocessor", ["--admin-port", "x"]),
             ("preprocessor", ["--router", "nonsense"]),
