@@ -341,25 +341,43 @@ def run(args: argparse.Namespace) -> int:
 
     async def main(stop: asyncio.Event) -> None:
         server = MockEngineServer(config, ports=args.port_range)
-        await server.start()
-        logs.instance = f"grpc://{config.host}:{server.port}"
-        assert server.engine is not None
-        metrics_port = serve_metrics(
-            engine_registry(server.engine), args.metrics_host, args.metrics_port, args.port_range
-        )
-        write_ready_file(
-            args.ready_file,
-            {
-                "port": server.port,
-                "metrics_port": metrics_port,
-                "kv_events": server.kv_events_endpoint,
-                "kv_replay": server.kv_replay_endpoint,
-                "kv_transfer_port": server.kv_transfer_port,
-            },
-        )
         try:
+            await server.start()
+        except OSError as exc:  # a port taken, an address not ours: one line, no traceback
+            failed.append(str(exc))
+            return
+        try:
+            logs.instance = f"grpc://{config.host}:{server.port}"
+            assert server.engine is not None
+            try:
+                metrics_port = serve_metrics(
+                    engine_registry(server.engine),
+                    args.metrics_host,
+                    args.metrics_port,
+                    args.port_range,
+                )
+            except OSError as exc:
+                failed.append(
+                    f"cannot serve /metrics on {args.metrics_host}:{args.metrics_port}: {exc}"
+                )
+                return
+            write_ready_file(
+                args.ready_file,
+                {
+                    "port": server.port,
+                    "metrics_port": metrics_port,
+                    "kv_events": server.kv_events_endpoint,
+                    "kv_replay": server.kv_replay_endpoint,
+                    "kv_transfer_port": server.kv_transfer_port,
+                },
+            )
             await stop.wait()
         finally:
             await server.stop()
 
-    return run_until_signal(main)
+    failed: list[str] = []
+    code = run_until_signal(main)
+    if failed:
+        print(f"mock engine: cannot start: {failed[0]}", file=sys.stderr)
+        return 1
+    return code

@@ -236,7 +236,7 @@ class TestRefusedAtParseTime:
 
 class TestTakenPorts:
     """A port another process holds is one line naming it and exit 1 (router, dispatcher,
-    preprocessor: it was an OSError / ZMQError traceback)."""
+    preprocessor, mock engine: it was an OSError / ZMQError traceback)."""
 
     @pytest.fixture
     def taken(self):
@@ -255,10 +255,16 @@ class TestTakenPorts:
             (["dispatcher", "--metrics-port", "{p}"], "dispatcher cannot start: cannot serve"),
             (["dispatcher", "--bind", "tcp://127.0.0.1:{p}", "--metrics-port", "off"], "in use"),
             (["preprocessor", "--port", "0", "--metrics-port", "{p}"], "cannot serve /metrics"),
+            (["mock-engine", "--protocol", "sglang", "--port", "{p}"], "cannot start"),
+            (
+                ["mock-engine", "--protocol", "sglang", "--port", "0", "--metrics-port", "{p}"],
+                "cannot serve /metrics",
+            ),
         ],
     )
     def test_one_line_and_exit_1(self, taken, argv, message):
         out = run(*(a.format(p=taken) for a in argv))
         assert out.returncode == 1, out.stderr
         assert "Traceback" not in out.stderr
-        assert message in out.stderr and "already in use" in out.stderr
+        assert message in out.stderr
+        assert "already in use" in out.stderr.lower() or "failed to bind" in out.stderr.lower()
