@@ -331,7 +331,10 @@ def run(args: argparse.Namespace) -> int:
             args.queue_timeout,
             args.max_requests_per_key,
         )
-        keys = KeyRing([*args.api_key, *keys_from_env()], args.api_keys_file)
+        try:
+            keys = KeyRing([*args.api_key, *keys_from_env()], args.api_keys_file)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SystemExit(f"preprocessor: --api-keys-file {args.api_keys_file}: {exc}") from None
         access = Access(
             keys,
             args.admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None,

@@ -268,3 +268,11 @@ class TestTakenPorts:
         assert "Traceback" not in out.stderr
         assert message in out.stderr
         assert "already in use" in out.stderr.lower() or "failed to bind" in out.stderr.lower()
+
+
+def test_a_missing_api_keys_file_is_named(tmp_path: Path):
+    missing = tmp_path / "keys.txt"
+    out = run("preprocessor", "--port", "0", "--api-keys-file", str(missing))
+    assert out.returncode == 1
+    assert f"--api-keys-file {missing}: [Errno 2]" in out.stderr
+    assert "Traceback" not in out.stderr
