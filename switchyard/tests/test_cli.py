@@ -198,6 +198,7 @@ class TestRefusedAtParseTime:
             ("up", ["--mock-engines", "sglang", "--router-metrics-port", "65536"]),
             ("up", ["--mock-engines", "sglang", "--start-timeout", "0"]),  # "not ready after 0s"
             ("up", ["--mock-engines", "sglang", "--start-timeout", "-1"]),
+            ("up", ["--mock-engines", "sglang", "--routers", "abc"]),
             ("preprocessor", ["--port", "-1"]),
             ("preprocessor", ["--admin-port", "x"]),
             ("preprocessor", ["--router", "nonsense"]),
