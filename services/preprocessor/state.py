@@ -72,7 +72,8 @@ class PreprocessorConfig:
     def __post_init__(self) -> None:
         if not self.dispatchers or not self.routers:
             raise ValueError("at least one router and one dispatcher endpoint are needed")
-        if min(self.route_timeout, self.stream_idle_timeout, self.stream_gap_timeout) <= 0:
+        timeouts = (self.route_timeout, self.stream_idle_timeout, self.stream_gap_timeout)
+        if not all(t > 0 for t in timeouts):  # NaN too: no comparison would ever fire
             raise ValueError("timeouts must be positive")
         if self.dispatcher_wait < 0:
             raise ValueError("--dispatcher-wait must be >= 0")

@@ -212,6 +212,8 @@ class TestRefusedAtParseTime:
             ("router", ["--kv-events-bind", "bogus"]),
             ("router", ["--kv-events-proxy", "tcp://h:x"]),
             ("router", ["--kv-silence-warning", "-1"]),
+            ("kv-proxy", ["--frontend", "tcp://*:0", "--backend", "tcp://127.0.0.1:99999"]),
+            ("kv-proxy", ["--frontend", "tcp://*:0", "--backend", "tcp://*:0", "--ranks", "0"]),
             ("router", ["--load-poll-interval", "nan"]),
             ("dispatcher", ["--bind", "127.0.0.1:7300"]),
             ("dispatcher", ["--fleet-events", "tcp://h:-1"]),
@@ -277,3 +279,9 @@ def test_a_missing_api_keys_file_is_named(tmp_path: Path):
     assert out.returncode == 1
     assert f"--api-keys-file {missing}: [Errno 2]" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_nan_stream_timeout_is_refused():
+    out = run("preprocessor", "--port", "0", "--route-timeout", "nan")
+    assert out.returncode == 1
+    assert "timeouts must be positive" in out.stderr

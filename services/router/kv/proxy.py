@@ -30,6 +30,7 @@ from types import FrameType
 
 import zmq
 
+from switchyard.common.endpoints import zmq_endpoint
 from switchyard.common.logs import add_logging_arguments, setup_logging
 from switchyard.common.ports import PortRange, add_port_arguments, write_ready_file, zmq_bind
 from switchyard.router.kv.subscriber import rank_endpoint
@@ -117,20 +118,32 @@ def _forward(xsub: zmq.Socket[bytes], xpub: zmq.Socket[bytes], control: zmq.Sock
             sock.close(linger=0)
 
 
+def _ranks(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--frontend",
         required=True,
+        type=zmq_endpoint,
         help="where engines connect their KV-event PUB sockets, e.g. tcp://*:5557",
     )
     parser.add_argument(
         "--backend",
         required=True,
+        type=zmq_endpoint,
         help="where routers connect (router --kv-events-proxy), e.g. tcp://*:5567",
     )
     parser.add_argument(
         "--ranks",
-        type=int,
+        type=_ranks,
         default=1,
         help="data-parallel ranks: one frontend/backend pair per rank at base port + rank",
     )
