@@ -5,7 +5,9 @@ choice (finish_reason "stop"; the string and what follows trimmed). Without pars
 returns plain text; with them `parsed` returns (content, reasoning, tool_calls) deltas. The
 choice also keeps what the whole request needs of it: its generated ids (for migration), its
 token counts, and the finish reason ("tool_calls" once a call was made, unless max_tokens cut
-the output).
+the output). A constrained output that migrates is regenerated from the prompt (an engine
+starts its grammar afresh with each request): `replay` and `past_replay` check that the
+regenerated tokens are the ones the choice already has, and tell where the new ones begin.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class ChoiceOutput:
         "echo",
         "echoed",
         "group",
+        "replay_at",
     )
 
     def __init__(
@@ -73,6 +76,7 @@ class ChoiceOutput:
         self.echo = echo  # completions echo: the prompt text, sent before the output
         self.echoed = False  # the echo went out (streamed completions)
         self.group = group  # which prompt of a batch it answers
+        self.replay_at = -1  # replaying: how many of `generated` came again (-1: not replaying)
 
     def _text(self, token_ids: Sequence[int]) -> str:
         if self._drop is not None:
@@ -85,6 +89,22 @@ class ChoiceOutput:
                 self.finish_reason = "stop"
                 self.done = True
         return text
+
+    def replay(self) -> None:
+        """The output so far is to come again from the start of a new engine request."""
+        self.replay_at = 0 if self.generated else -1
+
+    def past_replay(self, token_ids: Sequence[int]) -> int:
+        """How many of `token_ids` are the output so far coming again (the rest are new);
+        -1 when they differ from it."""
+        at = self.replay_at
+        generated = self.generated
+        k = min(len(token_ids), len(generated) - at)
+        if list(token_ids[:k]) != generated[at : at + k]:
+            return -1
+        at += k
+        self.replay_at = at if at < len(generated) else -1
+        return k
 
     def text(self, token_ids: Sequence[int]) -> str:
         """The text these ids add (no parsers)."""

@@ -7,6 +7,11 @@ fails with a migratable fault (engine unreachable, stream cut or silent, engine 
 `fail` re-routes excluding the instances that failed and resends prompt + the tokens generated
 so far with max_tokens reduced: the engines are deterministic per context, so the client sees
 one stream. Choices that already diverged go on as one request each (their contexts differ).
+A constrained output (json_schema, regex, a required tool call) cannot go on that way: the
+engine would start its grammar afresh after the resent tokens. It is regenerated from the
+prompt when the engines give the same tokens again (greedy or seeded; the token loop checks
+each and sends on only what is new), and fails otherwise: never a second grammar's output
+appended to the first's.
 Migration is thus a loop around route -> stream, driven by the token loop. A fault that
 cannot migrate, or the migration limit, raises EngineError.
 
@@ -136,6 +141,12 @@ class Generation:
         self._predict(routed)
         choices = self.choices
         generated = choices[0].generated if len(choices) == 1 else []
+        if generated and self.sampling.constraint is not None:
+            # An engine starts a grammar afresh with each request: resent as prompt, the
+            # output so far would be followed by a second instance of the constrained text.
+            # The new attempt regenerates it from the prompt instead (checked token by token).
+            choices[0].replay()
+            generated = []
         # The prefill hop only before any token: a later migration resends the prompt and the
         # tokens so far to one worker, as without disaggregation.
         pair = self._hop_pair(routed) if not generated else None
@@ -384,6 +395,16 @@ class Generation:
                 failure.instance_id,
             )
         left = [c for c in self.choices if not c.done]
+        if self.sampling.constraint is not None and not _repeatable(self.sampling):
+            so_far = max((len(c.generated) for c in left), default=0)
+            if so_far:
+                raise EngineError(
+                    failure.kind,
+                    f"{failure.message}; the constrained output was {so_far} tokens in and, "
+                    "sampled (temperature > 0, no seed), cannot be regenerated the same on "
+                    "another engine",
+                    failure.instance_id,
+                )
         log.warning(
             "migrating request_id=%s from instance_id=%d kind=%s after %d tokens: %s",
             self.base_id,
@@ -424,6 +445,15 @@ class Generation:
         if span is not None:
             span.end()
 
+    def diverged(self, choice: ChoiceOutput) -> EngineError:
+        """A regenerated constrained output that came out other than the output so far."""
+        return EngineError(
+            errors.DISCONNECTED,
+            f"the engine failed {len(choice.generated)} tokens into a constrained output, "
+            "and regenerating it on another engine gave other tokens",
+            self.instance_id,
+        )
+
     def silent(self, timeout: float) -> GenerateFailed:
         """The failure of an attempt the watchdog found silent for `timeout` seconds."""
         what = "between tokens" if self.got_tokens else "before the first token"
@@ -433,3 +463,8 @@ class Generation:
             kind=errors.DISCONNECTED,
             message=f"no reply for {timeout:g}s {what}",
         )
+
+
+def _repeatable(sampling: SamplingParams) -> bool:
+    """The engines give the same tokens again for the same context (greedy, or seeded)."""
+    return sampling.temperature == 0 or sampling.top_k == 1 or sampling.seed is not None

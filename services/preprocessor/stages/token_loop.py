@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import msgspec
+
 from switchyard.preprocessor.parsers.types import EMPTY
 from switchyard.preprocessor.prefill_hop import HopStream
 from switchyard.preprocessor.stages.choice import ChoiceOutput
@@ -23,7 +25,12 @@ from switchyard.preprocessor.stages.generation import Generation
 from switchyard.preprocessor.stages.logprobs import chat_entries
 from switchyard.preprocessor.stages.sinks import Sink
 from switchyard.preprocessor.stages.watchdog import Watchdog
-from switchyard.protos.messages import GenerateFailed, GenerateFinished, TokenDelta
+from switchyard.protos.messages import (
+    GenerateFailed,
+    GenerateFinished,
+    TokenDelta,
+    TokenLogprobs,
+)
 
 
 def _logprobs(ctx: RequestContext, sink: Sink, choice: ChoiceOutput, reply: TokenDelta) -> None:
@@ -45,6 +52,25 @@ def _logprobs(ctx: RequestContext, sink: Sink, choice: ChoiceOutput, reply: Toke
         else:
             entries = chat_entries(texts, reply.token_ids, detail.logprobs, state.top_logprobs)
             sink.logprobs(choice, entries)
+
+
+def _past_replay(gen: Generation, choice: ChoiceOutput, reply: TokenDelta) -> TokenDelta | None:
+    """What of a regenerated constrained output's delta is new (None: nothing); raises when
+    it differs from the output the client already has."""
+    ids = reply.token_ids
+    k = choice.past_replay(ids)
+    if k < 0:
+        raise gen.diverged(choice)
+    if k == 0:
+        return reply
+    if k == len(ids):
+        return None
+    detail = reply.detail
+    if detail is not None and detail.logprobs is not None:
+        lp = detail.logprobs
+        rest = TokenLogprobs(lp.logprobs[k:], lp.top_ids[k:], lp.top_logprobs[k:])
+        detail = msgspec.structs.replace(detail, logprobs=rest)
+    return TokenDelta(reply.request_id, ids[k:], detail)
 
 
 def end_at(ctx: RequestContext) -> float | None:
@@ -115,8 +141,12 @@ async def stream(ctx: RequestContext, sink: Sink) -> None:
                 if choice.done:
                     continue
                 if kind is TokenDelta:
-                    ids = reply.token_ids
                     gen.last = now
+                    if choice.replay_at >= 0:  # a migrated constrained output, coming again
+                        reply = _past_replay(gen, choice, reply)
+                        if reply is None:
+                            continue
+                    ids = reply.token_ids
                     if reply.detail is not None:
                         _logprobs(ctx, sink, choice, reply)
                     elif choice.echo and not choice.echoed:
@@ -148,10 +178,14 @@ async def stream(ctx: RequestContext, sink: Sink) -> None:
                         if not gen.unfinished:
                             stopped.append(gen)
                 elif kind is GenerateFinished:
+                    if choice.replay_at >= 0:  # it ended before the output so far came again
+                        raise gen.diverged(choice)
                     if choice.echo and not choice.echoed:
                         sink.echo(choice)
                     tail = choice.finish(reply.finish_reason)
-                    choice.cached_tokens = reply.cached_tokens
+                    # A migrated attempt's prompt holds the output so far: cached, that is
+                    # no prompt token the client sent.
+                    choice.cached_tokens = min(reply.cached_tokens, len(choice.prompt))
                     if type(tail) is str:
                         if tail:
                             sink.content(choice, tail)

@@ -62,7 +62,7 @@ class TestOneLinePerRequest:
     async def test_a_streamed_request(self, bundle, caplog):
         def script(req):
             rid = req.request_id
-            return [tokens(rid, 100), tokens(rid, 101), done(rid, cached=16)]
+            return [tokens(rid, 100), tokens(rid, 101), done(rid, cached=3)]
 
         app = edge(bundle, script)
         await post(app, CHAT, chat_body(stream=True), {"X-Request-Id": "r-1"})
@@ -72,7 +72,7 @@ class TestOneLinePerRequest:
         assert fields["request_id"] == "r-1" and fields["model"] == MODEL
         assert fields["route"] == CHAT and fields["status"] == 200 and fields["stream"] is True
         assert fields["worker"] == "grpc://10.0.0.1:1" and fields["prefill_worker"] is None
-        assert fields["completion_tokens"] == 2 and fields["cached_tokens"] == 16
+        assert fields["completion_tokens"] == 2 and fields["cached_tokens"] == 3
         assert fields["prompt_tokens"] > 0
         assert fields["ttft_ms"] is not None and fields["total_ms"] >= fields["ttft_ms"]
         assert fields["migrations"] == 0 and fields["client_disconnect"] is False

@@ -45,7 +45,7 @@ def content(http: FakeHttp) -> str:
     return "".join(
         e["choices"][0]["delta"].get("content", "")
         for e in http.events()
-        if e != "[DONE]" and e["choices"]
+        if e != "[DONE]" and e.get("choices")
     )
 
 
@@ -54,7 +54,7 @@ class TestStream:
         ids = ids_of(bundle, "Hello there, friend")
 
         def script(req):
-            return [tokens(req.request_id, i) for i in ids] + [done(req.request_id, cached=16)]
+            return [tokens(req.request_id, i) for i in ids] + [done(req.request_id, cached=3)]
 
         d = deps(bundle, FakeRouter([1]), FakeDispatcher(script))
         status, http = await run(d, chat_body(stream=True, stream_options={"include_usage": True}))
@@ -65,7 +65,7 @@ class TestStream:
         assert events[-3]["choices"][0]["finish_reason"] == "length"
         usage = events[-2]["usage"]
         assert usage["completion_tokens"] == len(ids)
-        assert usage["prompt_tokens_details"]["cached_tokens"] == 16
+        assert usage["prompt_tokens_details"]["cached_tokens"] == 3  # of a 4-token prompt
         assert events[-1] == "[DONE]"
 
     async def test_replies_that_arrive_together_are_one_write(self, bundle):
@@ -226,6 +226,110 @@ class TestMigration:
         assert status == 503
         assert "gave up after 2 migrations" in http.json()["error"]["message"]
         assert len(d.dispatcher.requests) == 3
+
+
+JSON_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {"name": "p", "schema": {"type": "object"}},
+}
+
+
+class TestConstrainedMigration:
+    """A grammar starts afresh with each engine request: a migrated constrained output is
+    regenerated from the prompt, never continued (a second grammar's output after the first)."""
+
+    @staticmethod
+    def script(first: list[int], second: list[int], end_with_first=False):
+        def script(req):
+            if req.instance_id == 1:
+                return [tokens(req.request_id, i) for i in first] + [
+                    failed(req.request_id, 1, errors.DISCONNECTED)
+                ]
+            return (
+                [tokens(req.request_id, *second[:2])]
+                + [tokens(req.request_id, i) for i in second[2:]]
+                + [done(req.request_id, "stop", cached=40)]
+            )
+
+        return script
+
+    async def test_a_greedy_output_is_regenerated_and_only_the_new_part_sent(self, bundle):
+        ids = ids_of(bundle, '{"name": "nova lumen", "age": 29}')
+        dispatcher = FakeDispatcher(self.script(ids[:3], ids))
+        d = deps(bundle, FakeRouter([1, 2]), dispatcher)
+        body = chat_body(
+            stream=True,
+            temperature=0,
+            max_tokens=50,
+            response_format=JSON_FORMAT,
+            stream_options={"include_usage": True},
+        )
+        status, http = await run(d, body)
+        first, retry = dispatcher.requests
+        assert retry.token_ids == first.token_ids  # the prompt alone, the grammar from its start
+        assert retry.sampling.max_tokens == 50
+        assert status == 200 and content(http) == '{"name": "nova lumen", "age": 29}'
+        usage = http.events()[-2]["usage"]
+        assert usage["completion_tokens"] == len(ids)
+        # cached tokens are of the prompt the client sent, never more
+        assert usage["prompt_tokens_details"]["cached_tokens"] <= usage["prompt_tokens"]
+
+    async def test_logprobs_of_the_regenerated_part_are_not_sent_twice(self, bundle):
+        ids = ids_of(bundle, '{"a": 1}')
+
+        def lp(rid, chunk):
+            from switchyard.protos.messages import DeltaDetail, TokenDelta, TokenLogprobs
+
+            detail = DeltaDetail(0, TokenLogprobs([-0.5] * len(chunk), [], []))
+            return TokenDelta(rid, list(chunk), detail)
+
+        def script(req):
+            if req.instance_id == 1:
+                return [lp(req.request_id, ids[:2]), failed(req.request_id, 1, errors.DISCONNECTED)]
+            return [lp(req.request_id, ids), done(req.request_id, "stop")]
+
+        d = deps(bundle, FakeRouter([1, 2]), FakeDispatcher(script))
+        body = chat_body(temperature=0, logprobs=True, response_format=JSON_FORMAT)
+        status, http = await run(d, body)
+        choice = http.json()["choices"][0]
+        assert status == 200 and choice["message"]["content"] == '{"a": 1}'
+        assert len(choice["logprobs"]["content"]) == len(ids)
+
+    async def test_other_regenerated_tokens_fail_the_request(self, bundle):
+        ids = ids_of(bundle, '{"name": "nova lumen"}')
+        other = ids_of(bundle, '{"age": 29}')
+        d = deps(bundle, FakeRouter([1, 2]), FakeDispatcher(self.script(ids[:3], other)))
+        body = chat_body(stream=True, temperature=0, response_format=JSON_FORMAT)
+        status, http = await run(d, body)
+        events = http.events()
+        assert status == 200 and events[-1] == "[DONE]"
+        message = events[-2]["error"]["message"]
+        assert "regenerating it on another engine gave other tokens" in message
+        assert content(http) == bundle.decode(ids[:3])  # nothing of the other output
+
+    async def test_an_early_end_of_the_regenerated_output_fails_the_request(self, bundle):
+        ids = ids_of(bundle, '{"name": "nova lumen"}')
+        d = deps(bundle, FakeRouter([1, 2]), FakeDispatcher(self.script(ids[:4], ids[:2])))
+        status, http = await run(d, chat_body(temperature=0, response_format=JSON_FORMAT))
+        assert status == 503
+        assert "gave other tokens" in http.json()["error"]["message"]
+
+    async def test_a_sampled_output_cannot_resume(self, bundle):
+        ids = ids_of(bundle, '{"name": "nova lumen"}')
+        dispatcher = FakeDispatcher(self.script(ids[:3], ids))
+        d = deps(bundle, FakeRouter([1, 2]), dispatcher)
+        body = chat_body(stream=True, temperature=0.7, response_format=JSON_FORMAT)
+        status, http = await run(d, body)
+        assert len(dispatcher.requests) == 1  # no second engine request that could not help
+        assert status == 503  # the failure came in the first batch: before the stream started
+        assert "cannot be regenerated the same" in http.json()["error"]["message"]
+
+    async def test_a_sampled_output_before_its_first_token_migrates(self, bundle):
+        ids = ids_of(bundle, '{"a": 1}')
+        d = deps(bundle, FakeRouter([1, 2]), FakeDispatcher(self.script([], ids)))
+        body = chat_body(stream=True, temperature=0.7, response_format=JSON_FORMAT)
+        status, http = await run(d, body)
+        assert status == 200 and content(http) == '{"a": 1}'
 
 
 class TestWatchdog:
