@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import re
 import signal
 import time
 from dataclasses import dataclass
@@ -177,17 +179,24 @@ class Outcome:
     completion_tokens: int
 
 
+# Every stream's request unless a test asks otherwise: 40 tokens, always.
+PLAIN = {"max_tokens": MAX_TOKENS, "extra_body": {"ignore_eos": True}}
+
+
 async def one_stream(
-    client: openai.AsyncOpenAI, n: int, started: asyncio.Event | None, counter: list[int]
+    client: openai.AsyncOpenAI,
+    n: int,
+    started: asyncio.Event | None,
+    counter: list[int],
+    fields: dict | None = None,
 ) -> Outcome:
     stream = await client.chat.completions.create(
         model=MODEL,
         messages=prompt(n),
-        max_tokens=MAX_TOKENS,
         temperature=0,
         stream=True,
         stream_options={"include_usage": True},
-        extra_body={"ignore_eos": True},
+        **(fields or PLAIN),
     )
     parts, finish, usage = [], None, None
     first = True
@@ -207,15 +216,19 @@ async def one_stream(
     return Outcome("".join(parts), finish, usage.completion_tokens if usage else -1)
 
 
-async def run_streams(base: str, fault=None, timeout: float = 120) -> list[Outcome]:
-    """32 concurrent streams; `fault()` runs once every stream has its first token."""
+async def run_streams(
+    base: str, fault=None, timeout: float = 120, fields: dict | None = None
+) -> list[Outcome]:
+    """32 concurrent streams; `fault()` runs once every stream has its first token.
+    `fields`: the request's fields beyond model, messages and streaming (default PLAIN)."""
     started = asyncio.Event()
     counter = [0]
     async with openai.AsyncOpenAI(
         base_url=base + "/v1", api_key="none", max_retries=0, timeout=timeout
     ) as client:
         tasks = [
-            asyncio.create_task(one_stream(client, n, started, counter)) for n in range(STREAMS)
+            asyncio.create_task(one_stream(client, n, started, counter, fields))
+            for n in range(STREAMS)
         ]
         if fault is not None:
             await asyncio.wait_for(started.wait(), 60)
@@ -243,6 +256,45 @@ def test_engine_killed_mid_stream():
         got = asyncio.run(run_streams(stack.base, fault=kill_engine))
         check_identical(expected, got)
         assert "migrating request_id=" in stack.procs.log("preprocessor")
+
+
+PERSON = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "person",
+        "strict": True,
+        "schema": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "minLength": 40, "maxLength": 60},
+                "city": {"type": "string", "minLength": 40, "maxLength": 60},
+                "age": {"type": "integer"},
+            },
+            "required": ["name", "city", "age"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def test_structured_output_streams_are_regenerated_not_continued():
+    """An engine restarts a grammar with each request: a migrated json_schema stream is
+    regenerated from the prompt on the other engine (greedy: the same tokens), and the client
+    gets one JSON document, byte for byte the fault-free one, never a second one appended."""
+    fields = {"max_tokens": 200, "response_format": PERSON}
+    with chaos_stack(protocols=("sglang", "vllm")) as stack:
+        expected = asyncio.run(run_streams(stack.base, fields=fields))
+
+        def kill_engine():
+            stack.procs.kill(stack.busiest_engine())
+
+        got = asyncio.run(run_streams(stack.base, fault=kill_engine, fields=fields))
+        for want, have in zip(expected, got, strict=True):
+            person = json.loads(have.text)
+            assert set(person) == {"name", "city", "age"}
+            assert have == want
+        log = stack.procs.log("preprocessor")
+        assert re.search(r"migrating request_id=\S+ .* after [1-9]\d* tokens", log), log[-2000:]
 
 
 def test_router_killed_mid_stream():
@@ -432,6 +484,22 @@ def test_whole_requests_survive_a_killed_and_a_frozen_engine():
                 stack.procs.signal(name, signal.SIGCONT)
         check_identical(expected, got)
         assert "keepalive ping not acknowledged" in stack.procs.log("preprocessor")
+
+
+def test_a_whole_request_an_engine_stalls_migrates():
+    """An engine that stops one request mid-way (serving the others): a whole request is
+    silent by design, so no gap shows; past the longest a streamed attempt could take
+    (first-token timeout 1 s + 40 tokens x gap timeout 0.1 s) it migrates, and the answer is
+    the fault-free one."""
+    expected = fault_free_outputs()
+    with chaos_stack(
+        engine_args={0: ["--hang-after-tokens", "5"]},
+        preprocessor_args=("--stream-idle-timeout", "1", "--stream-gap-timeout", "0.1"),
+    ) as stack:
+        got = asyncio.run(whole_requests(stack.base, timeout=60))
+        check_identical(expected, got)
+        log = stack.procs.log("preprocessor")
+        assert "no reply for 5s to a whole request of at most 40 tokens" in log
 
 
 def test_a_frozen_dispatcher_is_left_for_the_other():

@@ -20,9 +20,10 @@ message with every token, as smg and vLLM's own server ask), which spares the en
 dispatcher and this process the per-token work. Not when something needs the tokens as they
 come: stop strings (matched here, and a match stops the engine early) and the prefill hop (the
 decode leg's first token tells a failed KV transfer from a failed decode). A whole attempt
-that fails restarts from the prompt, and the watchdog's timeouts do not apply to it (silence
-is its normal state); the dispatcher's stall watch, the HTTP/2 keepalive, the fleet's health
-probes, the heartbeat to a frozen dispatcher and the request's deadline still end it.
+that fails restarts from the prompt. Silence is its normal state: the watchdog allows it the
+longest a streamed attempt could take (first-token timeout + max_tokens x gap timeout); the
+dispatcher's stall watch, the HTTP/2 keepalive, the fleet's health probes, the heartbeat to a
+frozen dispatcher and the request's deadline end it sooner when they see a fault.
 """
 
 from __future__ import annotations
@@ -456,7 +457,10 @@ class Generation:
 
     def silent(self, timeout: float) -> GenerateFailed:
         """The failure of an attempt the watchdog found silent for `timeout` seconds."""
-        what = "between tokens" if self.got_tokens else "before the first token"
+        if self.whole:
+            what = f"to a whole request of at most {self.sampling.max_tokens} tokens"
+        else:
+            what = "between tokens" if self.got_tokens else "before the first token"
         return GenerateFailed(
             request_id=self.attempt_id,
             instance_id=self.instance_id,

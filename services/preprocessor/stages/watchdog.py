@@ -2,7 +2,9 @@
 
 An attempt may wait `first_token_timeout` for its first reply (a long prefill is legitimate)
 and `gap_timeout` between replies after that (a frozen engine is not). An attempt asked of the
-engine whole is silent until it ends: these two do not apply to it. The request itself may
+engine whole is silent until it ends: it may take what a streamed one could at the longest,
+`first_token_timeout` + max_tokens x `gap_timeout`, and no more (an engine that stalls one
+request while serving the rest would otherwise hold it forever). The request itself may
 have a deadline (`end_at`: --request-timeout, or the client's request-timeout-ms), and may be
 ended early by a shutdown past its grace (`end_now`). The token loop stamps each attempt's
 `last` reply time; the watchdog keeps one timer per request, set for the earliest of these
@@ -87,13 +89,15 @@ class Watchdog:
                 self.end_now(ShuttingDownError())
 
     def timeout(self, gen: Generation) -> float:
+        if gen.whole:
+            return self._first + self._gap * gen.sampling.max_tokens
         return self._gap if gen.got_tokens else self._first
 
     def deadline(self, gen: Generation) -> float:
-        return gen.last + (self._gap if gen.got_tokens else self._first)
+        return gen.last + self.timeout(gen)
 
     def _earliest(self) -> float | None:
-        times = [self.deadline(g) for g in self._gens if g.open and not g.whole]
+        times = [self.deadline(g) for g in self._gens if g.open]
         if self._end_at is not None:
             times.append(self._end_at)
         return min(times) if times else None
@@ -137,7 +141,7 @@ class Watchdog:
 
     def overdue(self) -> list[Generation]:
         now = self._loop.time()
-        return [g for g in self._gens if g.open and not g.whole and self.deadline(g) <= now]
+        return [g for g in self._gens if g.open and self.deadline(g) <= now]
 
     def cancel(self) -> None:
         if self._handle is not None:

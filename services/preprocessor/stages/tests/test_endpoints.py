@@ -426,12 +426,11 @@ class TestWholeReplies:
         assert all(r.stream for r in dispatcher.requests)
 
     async def test_a_long_silent_whole_attempt_is_not_timed_out(self, bundle):
-        """Silence is a whole attempt's normal state: neither watchdog timeout applies."""
+        """Silence is a whole attempt's normal state: it may take what a streamed attempt could
+        at the longest, the first-token timeout + max_tokens (8) x the gap timeout (0.85 s)."""
         ids = ids_of(bundle, "a late answer")
         dispatcher = FakeDispatcher(lambda r: None)
-        d = deps(
-            bundle, FakeRouter([1, 2]), dispatcher, first_token_timeout=0.05, gap_timeout=0.05
-        )
+        d = deps(bundle, FakeRouter([1, 2]), dispatcher, first_token_timeout=0.05, gap_timeout=0.1)
         serving = asyncio.create_task(run(d, chat_body()))
         while not dispatcher.streams:
             await asyncio.sleep(0.01)
@@ -442,6 +441,24 @@ class TestWholeReplies:
         status, http = await serving
         assert status == 200 and len(dispatcher.requests) == 1
         assert http.json()["choices"][0]["message"]["content"] == "a late answer"
+
+    async def test_a_whole_attempt_silent_past_its_longest_migrates(self, bundle):
+        """An engine that stalls one whole request (serving the others) does not hold it
+        forever: past first-token timeout + max_tokens x gap timeout it migrates."""
+
+        def script(req):
+            if req.instance_id == 1:
+                return None  # stalled: never answers
+            return [tokens(req.request_id, 8, 9), done(req.request_id)]
+
+        dispatcher = FakeDispatcher(script)
+        d = deps(bundle, FakeRouter([1, 2]), dispatcher, first_token_timeout=0.05, gap_timeout=0.01)
+        status, http = await run(d, chat_body(max_tokens=5))
+        assert status == 200 and http.json()["usage"]["completion_tokens"] == 2
+        assert [r.instance_id for r in dispatcher.requests] == [1, 2]
+        assert all(not r.stream for r in dispatcher.requests)  # both asked whole
+        assert dispatcher.streams[0].cancelled  # the stalled one is aborted at its engine
+        assert d.metrics.migrations.labels(MODEL, errors.DISCONNECTED)._value.get() == 1
 
     async def test_a_failed_whole_attempt_restarts_from_the_prompt(self, bundle):
         ids = ids_of(bundle, "the answer")
