@@ -297,6 +297,45 @@ def test_structured_output_streams_are_regenerated_not_continued():
         assert re.search(r"migrating request_id=\S+ .* after [1-9]\d* tokens", log), log[-2000:]
 
 
+def test_sampled_structured_output_starts_over_while_nothing_was_sent():
+    """Sampled, a constrained output would not come out the same on another engine; not
+    streamed to the client (stop strings make the engine stream it), none of it was sent, so
+    the request starts over from the prompt: every answer is one valid document."""
+    with chaos_stack(protocols=("sglang", "vllm")) as stack:
+        base = stack.base
+
+        async def requests() -> list[str]:
+            async with openai.AsyncOpenAI(
+                base_url=base + "/v1", api_key="none", max_retries=0, timeout=60
+            ) as client:
+
+                async def one(n: int) -> str:
+                    reply = await client.chat.completions.create(
+                        model=MODEL,
+                        messages=prompt(n),
+                        max_tokens=200,
+                        temperature=1.0,
+                        stop=["never in a name"],
+                        response_format=PERSON,
+                    )
+                    return reply.choices[0].message.content or ""
+
+                tasks = [asyncio.create_task(one(n)) for n in range(STREAMS)]
+
+                def in_flight() -> bool:
+                    return sum(w["in_flight"] for w in models_instances(base)) == STREAMS
+
+                await asyncio.to_thread(wait_until, in_flight, 30, 0.02, "all in flight")
+                await asyncio.sleep(0.4)  # a dozen tokens in (25 ms apart)
+                stack.procs.kill(stack.busiest_engine())
+                return await asyncio.gather(*tasks)
+
+        for text in asyncio.run(requests()):
+            assert set(json.loads(text)) == {"name", "city", "age"}
+        log = stack.procs.log("preprocessor")
+        assert "over from the prompt: " in log, log[-2000:]
+
+
 def test_router_killed_mid_stream():
     with chaos_stack() as stack:
         expected = asyncio.run(run_streams(stack.base))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -54,7 +55,7 @@ from switchyard.preprocessor.stages.context import (
     RequestContext,
     RequestInput,
 )
-from switchyard.preprocessor.stages.generation import Generation
+from switchyard.preprocessor.stages.generation import CannotResume, Generation
 from switchyard.preprocessor.stages.logprobs import CompletionLogprobs
 from switchyard.preprocessor.stages.prompt import (
     check,
@@ -71,6 +72,7 @@ from switchyard.preprocessor.stages.responses import (
 from switchyard.preprocessor.stages.sinks import CollectSink, HttpOut, Sink, StreamSink, Usage
 from switchyard.preprocessor.stages.token_loop import stream
 
+log = logging.getLogger(__name__)
 
 class Stage(NamedTuple):
     name: str
@@ -169,8 +171,10 @@ def parse(
     return ctx
 
 
-async def generate(ctx: RequestContext) -> None:
-    """Start each prompt's choices: one engine request per prompt, with `n` (or best_of)."""
+async def generate(ctx: RequestContext, over: CannotResume | None = None) -> None:
+    """Start each prompt's choices: one engine request per prompt, with `n` (or best_of).
+    `over`: the request starts over (nothing of it was sent), avoiding the engines that
+    failed it, its attempts counted on."""
     state = ctx.state
     tokenizer = state.tokenizer
     assert tokenizer is not None and state.sampling is not None
@@ -214,9 +218,13 @@ async def generate(ctx: RequestContext) -> None:
         if not chat and req.echo and state.logprobs is not None:  # type: ignore[union-attr]
             echo_logprobs = state.logprobs
         state.choices.extend(choices)
-        state.generations.append(
-            Generation(ctx, choices, prompt_ids, base_id, state.sampling, echo_logprobs)
-        )
+        gen = Generation(ctx, choices, prompt_ids, base_id, state.sampling, echo_logprobs)
+        if over is not None:
+            gen.base_id = f"{base_id}.s{over.attempt}"  # its attempts' ids are new ones
+            gen.attempt_id = gen.base_id
+            gen.exclude = list(over.exclude)
+            gen.attempt = over.attempt
+        state.generations.append(gen)
     state.unfinished = len(state.choices)
     for gen in list(state.generations):  # a start may add generations (split choices)
         await gen.start()
@@ -318,6 +326,25 @@ def _constraint_field(ctx: RequestContext) -> str | None:
     return None
 
 
+async def _start_over(ctx: RequestContext, over: CannotResume) -> None:
+    """The request from the prompt again, its output so far dropped (the client has none of
+    it): what a sampled constrained output does when its engine fails."""
+    state = ctx.state
+    for gen in state.generations:
+        await gen.stop()
+    log.warning(
+        "starting request_id=%s over from the prompt: %s",
+        ctx.inp.request_id,
+        over.message,
+        extra={"request_id": ctx.inp.request_id},
+    )
+    state.migrations += 1
+    state.choices = []
+    state.generations = []
+    state.attempts.clear()
+    await generate(ctx, over)
+
+
 def _check_deadline(ctx: RequestContext) -> None:
     timeout = ctx.inp.timeout
     if timeout and time.perf_counter() - ctx.inp.received >= timeout:
@@ -369,7 +396,15 @@ async def serve(
         sink = sink_for(ctx, http)
         deps.metrics.active.inc()
         try:
-            await stream(ctx, sink)
+            while True:
+                try:
+                    await stream(ctx, sink)
+                    break
+                except CannotResume as over:
+                    if sink.started:
+                        raise
+                    await _start_over(ctx, over)
+                    sink = sink_for(ctx, http)
             await finish(ctx, sink)
         finally:
             deps.metrics.active.dec()

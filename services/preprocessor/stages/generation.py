@@ -10,8 +10,9 @@ one stream. Choices that already diverged go on as one request each (their conte
 A constrained output (json_schema, regex, a required tool call) cannot go on that way: the
 engine would start its grammar afresh after the resent tokens. It is regenerated from the
 prompt when the engines give the same tokens again (greedy or seeded; the token loop checks
-each and sends on only what is new), and fails otherwise: never a second grammar's output
-appended to the first's.
+each and sends on only what is new). A sampled one raises CannotResume: the request starts
+over from the prompt if the client has none of its output yet (endpoints.serve), and fails
+otherwise: never a second grammar's output appended to the first's.
 Migration is thus a loop around route -> stream, driven by the token loop. A fault that
 cannot migrate, or the migration limit, raises EngineError.
 
@@ -61,6 +62,19 @@ if TYPE_CHECKING:
     from switchyard.preprocessor.tracing import Trace
 
 log = logging.getLogger(__name__)
+
+
+class CannotResume(EngineError):
+    """A sampled constrained output failed after its first tokens: it cannot go on, nor come
+    out the same again. The request may still start over from the prompt, on engines other
+    than `exclude`, as attempt `attempt`, while the client has seen none of its output."""
+
+    def __init__(
+        self, kind: str, message: str, instance_id: int, exclude: list[int], attempt: int
+    ) -> None:
+        super().__init__(kind, message, instance_id)
+        self.exclude = exclude
+        self.attempt = attempt
 
 
 class Generation:
@@ -178,7 +192,7 @@ class Generation:
             token_ids=self.prompt_ids + generated if generated else self.prompt_ids,
             sampling=sampling,
             logprobs=state.logprobs,
-            prompt_logprobs=self.prompt_logprobs if self.attempt == 0 else None,
+            prompt_logprobs=None if self._prompt_logprobs_in() else self.prompt_logprobs,
             reasoning=state.reasoning,
             data_parallel_rank=routed.dp_rank,  # the rank the router chose (None: the engine's)
             http_request_id=ctx.inp.request_id,
@@ -214,6 +228,14 @@ class Generation:
             timer.add(stage, time.perf_counter() - t0)
         self.open = True
         self.last = asyncio.get_running_loop().time()
+
+    def _prompt_logprobs_in(self) -> bool:
+        """The echo's prompt logprobs came (with the first reply): a later attempt's prompt
+        holds output tokens too, and must not ask for them again."""
+        return any(
+            c.completion_logprobs is not None and c.completion_logprobs.tokens
+            for c in self.choices
+        )
 
     async def _split(self, others: list[ChoiceOutput]) -> None:
         """Serve `others` from one new generation each; this one keeps the rest."""
@@ -399,12 +421,15 @@ class Generation:
         if self.sampling.constraint is not None and not _repeatable(self.sampling):
             so_far = max((len(c.generated) for c in left), default=0)
             if so_far:
-                raise EngineError(
+                deps.metrics.migrations.labels(self._model(), failure.kind).inc()
+                raise CannotResume(
                     failure.kind,
                     f"{failure.message}; the constrained output was {so_far} tokens in and, "
                     "sampled (temperature > 0, no seed), cannot be regenerated the same on "
                     "another engine",
                     failure.instance_id,
+                    self.exclude,
+                    self.attempt + 1,
                 )
         log.warning(
             "migrating request_id=%s from instance_id=%d kind=%s after %d tokens: %s",
@@ -416,8 +441,7 @@ class Generation:
             extra={"request_id": self.ctx.inp.request_id},
         )
         state = self.ctx.state
-        entry = state.entry
-        deps.metrics.migrations.labels(entry.name if entry else "", failure.kind).inc()
+        deps.metrics.migrations.labels(self._model(), failure.kind).inc()
         state.migrations += 1
         self.attempt += 1
         trace = state.trace
@@ -445,6 +469,10 @@ class Generation:
             raise
         if span is not None:
             span.end()
+
+    def _model(self) -> str:
+        entry = self.ctx.state.entry
+        return entry.name if entry is not None else ""
 
     def diverged(self, choice: ChoiceOutput) -> EngineError:
         """A regenerated constrained output that came out other than the output so far."""

@@ -204,6 +204,22 @@ class TestMigration:
         _, http = await run(d, chat_body(stream_options=None))
         assert http.json()["usage"]["completion_tokens"] == 1
 
+    async def test_echo_prompt_logprobs_are_asked_until_they_came(self, bundle):
+        """They come with an attempt's first reply: an attempt that failed before it leaves
+        them to the next; after it, the next (prompt + output) must not ask again."""
+        calls = []
+
+        def script(req):
+            calls.append(req.prompt_logprobs)
+            if len(calls) == 1:
+                return [failed(req.request_id, 1, errors.DISCONNECTED)]
+            return [tokens(req.request_id, 8), done(req.request_id)]
+
+        d = deps(bundle, FakeRouter([1, 2]), FakeDispatcher(script))
+        body = b'{"model": "m", "prompt": [5, 6], "max_tokens": 2, "echo": true, "logprobs": 0}'
+        status, _ = await run(d, body, COMPLETIONS)
+        assert status == 200 and calls == [0, 0]
+
     async def test_overloaded_engine_is_marked_busy(self, bundle):
         def script(req):
             if req.instance_id == 1:
@@ -314,15 +330,63 @@ class TestConstrainedMigration:
         assert status == 503
         assert "gave other tokens" in http.json()["error"]["message"]
 
-    async def test_a_sampled_output_cannot_resume(self, bundle):
+    async def test_a_sampled_output_the_client_has_parts_of_fails(self, bundle):
         ids = ids_of(bundle, '{"name": "nova lumen"}')
-        dispatcher = FakeDispatcher(self.script(ids[:3], ids))
+        dispatcher = FakeDispatcher(lambda r: [tokens(r.request_id, *ids[:3])])
         d = deps(bundle, FakeRouter([1, 2]), dispatcher)
+        http = FakeHttp()
         body = chat_body(stream=True, temperature=0.7, response_format=JSON_FORMAT)
-        status, http = await run(d, body)
+        serving = asyncio.create_task(serve(d, CHAT, body, 0.0, http))
+        while not http.writes:  # the client has the first tokens
+            await asyncio.sleep(0.01)
+        rid = dispatcher.requests[0].request_id
+        dispatcher.streams[0].queue.put_nowait(failed(rid, 1, errors.DISCONNECTED))
+        assert await serving == 200
         assert len(dispatcher.requests) == 1  # no second engine request that could not help
-        assert status == 503  # the failure came in the first batch: before the stream started
-        assert "cannot be regenerated the same" in http.json()["error"]["message"]
+        assert "cannot be regenerated the same" in http.events()[-2]["error"]["message"]
+
+    @pytest.mark.parametrize("stream", [False, True])
+    async def test_a_sampled_output_the_client_has_none_of_starts_over(self, bundle, stream):
+        """Not streamed (stop strings: the engine streams), or streamed but failed in the
+        first batch: the request starts over from the prompt on another engine."""
+        first = ids_of(bundle, '{"name": "nova')
+        second = ids_of(bundle, '{"age": 29}')
+        dispatcher = FakeDispatcher(self.script(first, second))
+        d = deps(bundle, FakeRouter([1, 2]), dispatcher)
+        body = chat_body(
+            stream=stream,
+            temperature=0.7,
+            stop=["never"],
+            response_format=JSON_FORMAT,
+            **({"stream_options": {"include_usage": True}} if stream else {}),
+        )
+        status, http = await run(d, body)
+        assert status == 200
+        first_request, retry = dispatcher.requests
+        assert retry.token_ids == first_request.token_ids and retry.instance_id == 2
+        assert retry.request_id != first_request.request_id
+        if stream:
+            assert content(http) == '{"age": 29}'
+            usage = http.events()[-2]["usage"]
+        else:
+            assert http.json()["choices"][0]["message"]["content"] == '{"age": 29}'
+            usage = http.json()["usage"]
+        assert usage["completion_tokens"] == len(second)
+        assert d.metrics.migrations.labels(MODEL, errors.DISCONNECTED)._value.get() == 1
+
+    async def test_starting_over_counts_towards_the_migration_limit(self, bundle):
+        ids = ids_of(bundle, '{"name": "nova')
+
+        def script(req):
+            fault = failed(req.request_id, req.instance_id, errors.DISCONNECTED, False)
+            return [tokens(req.request_id, *ids), fault]
+
+        dispatcher = FakeDispatcher(script)
+        d = deps(bundle, FakeRouter([1]), dispatcher, migration_limit=2)
+        body = chat_body(temperature=0.7, stop=["never"], response_format=JSON_FORMAT)
+        status, http = await run(d, body)
+        assert status == 503 and len(dispatcher.requests) == 3
+        assert "gave up after 2 migrations" in http.json()["error"]["message"]
 
     async def test_a_sampled_output_before_its_first_token_migrates(self, bundle):
         ids = ids_of(bundle, '{"a": 1}')
