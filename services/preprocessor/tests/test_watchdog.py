@@ -10,8 +10,13 @@ from switchyard.preprocessor.reply_queue import ReplyQueue
 from switchyard.preprocessor.stages.watchdog import Shutdown, Watchdog
 
 
-def attempt(last: float, got_tokens: bool = True, whole: bool = False) -> SimpleNamespace:
-    return SimpleNamespace(open=True, got_tokens=got_tokens, last=last, whole=whole)
+def attempt(
+    last: float, got_tokens: bool = True, whole: bool = False, max_tokens: int = 16
+) -> SimpleNamespace:
+    sampling = SimpleNamespace(max_tokens=max_tokens)
+    return SimpleNamespace(
+        open=True, got_tokens=got_tokens, last=last, whole=whole, sampling=sampling
+    )
 
 
 class TestWatchdog:
@@ -26,13 +31,17 @@ class TestWatchdog:
         assert watchdog.end_error() is None  # the request itself has no deadline
         watchdog.cancel()
 
-    async def test_a_whole_attempt_is_never_overdue(self):
+    async def test_a_whole_attempt_may_take_what_a_stream_could_at_the_longest(self):
+        """Silent by design: first-token timeout + max_tokens x gap timeout (1 + 16 x 2 s)."""
         loop = asyncio.get_running_loop()
         queue = ReplyQueue()
-        whole = attempt(loop.time() - 100.0, got_tokens=False, whole=True)
-        watchdog = Watchdog(queue, [whole], 0.01, 0.01)
+        now = loop.time()
+        whole = attempt(now - 30.0, got_tokens=False, whole=True)
+        watchdog = Watchdog(queue, [whole], 1.0, 2.0)
         watchdog.arm()
-        assert watchdog.overdue() == [] and watchdog._handle is None  # no timer at all
+        assert watchdog.overdue() == [] and watchdog.deadline(whole) == now + 3.0
+        whole.last = now - 34.0
+        assert watchdog.overdue() == [whole] and watchdog.timeout(whole) == 33.0
         watchdog.cancel()
 
     async def test_deadline_wakes_the_loop_and_ends_the_request(self):
