@@ -187,6 +187,7 @@ class Edge:
                 access.admin(scope["headers"])
         except AuthenticationError as exc:
             await respond_error(send, exc)
+            self._refused(GENERATION_PATHS.get(path), 401, exc.code)
             return
         endpoint = GENERATION_PATHS.get(path)
         if endpoint is None:
@@ -195,6 +196,15 @@ class Edge:
             await self._generate(endpoint, key, scope, receive, send)
         else:  # FastAPI knows no route here and would say 404
             await respond_method_not_allowed(send, scope["method"], path)
+            self._refused(endpoint, 405, "method_not_allowed")
+
+    def _refused(self, endpoint: str | None, status: int, code: str) -> None:
+        """Count a generation request refused before it was read (a key probe, a wrong
+        method): requests_total and errors_total show them like any other answer."""
+        if endpoint is not None and self.deps is not None:
+            metrics = self.deps.metrics
+            metrics.requests.labels(endpoint, "", str(status)).inc()
+            metrics.errors.labels("", code).inc()
 
     def _timeout(self, scope: Scope) -> float:
         """The request's deadline: --request-timeout, or the client's shorter one."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import generate_latest
 
+from switchyard.preprocessor.auth import Access, KeyRing
 from switchyard.preprocessor.edge import Edge
 from switchyard.preprocessor.metrics import PreprocessorMetrics
 from switchyard.preprocessor.stages.tests.fakes import (
@@ -85,3 +86,34 @@ async def test_other_policies_predict_nothing(bundle):
     assert (await post(Edge(no_app, d, 1 << 20), CHAT, chat_body())).status == 200
     text = generate_latest(d.metrics.registry).decode()
     assert "switchyard_preprocessor_route_predictions_total{" not in text
+
+
+async def test_refused_key_probes_and_wrong_methods_are_counted(bundle):
+    """A 401 or a 405 on a generation path is an answer an operator should see."""
+    d = deps(bundle, FakeRouter([1]), engine([100], 0))
+    app = Edge(no_app, d, 1 << 20, access=Access(KeyRing(["sk-right"])))
+    refused = await post(app, CHAT, chat_body(), {"authorization": "Bearer sk-wrong"})
+    assert refused.status == 401
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": CHAT,
+        "query_string": b"",
+        "headers": [(b"authorization", b"Bearer sk-right")],
+    }
+    sent: list[dict] = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    await app(scope, receive, send)
+    assert sent[0]["status"] == 405
+    m = d.metrics
+    chat = "chat_completions"
+    assert value(m, "requests_total", endpoint=chat, model="", status="401") == 1
+    assert value(m, "requests_total", endpoint=chat, model="", status="405") == 1
+    assert value(m, "errors_total", model="", code="invalid_api_key") == 1
+    assert value(m, "errors_total", model="", code="method_not_allowed") == 1
