@@ -40,6 +40,10 @@ def parse_tokenizer_flags(values: Iterable[str | Path]) -> tuple[Path | None, di
         model, sep, folder = text.partition("=")
         if sep and model and folder:
             per_model[model] = Path(folder)
+        elif sep:
+            # "=DIR" or "MODEL=": a MODEL=DIR with a half missing, not a folder's name
+            what = "a model name before" if not model else "a folder after"
+            raise ValueError(f"{text!r}: MODEL=DIR needs {what} the '='")
         elif default is None:
             default = Path(text)
         else:

@@ -34,6 +34,13 @@ class TestFlags:
             {"a": Path("/x"), "b": Path("/y")},
         )
 
+    @pytest.mark.parametrize(
+        ("value", "says"), [("=/t", "a model name before"), ("m=", "a folder after")]
+    )
+    def test_a_half_missing_model_folder_is_named(self, value, says):
+        with pytest.raises(ValueError, match=f"MODEL=DIR needs {says} the '='"):
+            parse_tokenizer_flags([value])
+
     def test_two_folders_for_every_model_is_an_error(self):
         with pytest.raises(ValueError):
             parse_tokenizer_flags(["/t", "/u"])
