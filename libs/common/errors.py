@@ -4,7 +4,10 @@
      +-- EngineError(kind, instance_id, message)   an engine or the path to it failed
 
 Kinds decide what happens next (shared/ARCHITECTURE.md, "Faults"):
-    cannot_connect  instance down, migrate      UNAVAILABLE, refused, reset
+    cannot_connect  instance down, migrate      UNAVAILABLE made by the transport (connect
+                                                refused, reset, GOAWAY, keepalive), OSError
+    refused         migrate                     UNAVAILABLE answered by the engine to this
+                                                one call over a working connection
     timeout         instance down, migrate      DEADLINE_EXCEEDED
     disconnected    migrate                     a stream that ended without its final message
     overloaded      mark busy, try another      RESOURCE_EXHAUSTED
@@ -18,6 +21,7 @@ from __future__ import annotations
 import grpc
 
 CANNOT_CONNECT = "cannot_connect"
+REFUSED = "refused"
 TIMEOUT = "timeout"
 DISCONNECTED = "disconnected"
 OVERLOADED = "overloaded"
@@ -26,8 +30,9 @@ BAD_REQUEST = "bad_request"
 ENGINE_ERROR = "engine_error"
 
 # Kinds after which the request may be resent to another instance.
-MIGRATABLE = frozenset({CANNOT_CONNECT, TIMEOUT, DISCONNECTED, OVERLOADED})
-# Kinds that mean the instance itself is unreachable.
+MIGRATABLE = frozenset({CANNOT_CONNECT, REFUSED, TIMEOUT, DISCONNECTED, OVERLOADED})
+# Kinds that mean the instance itself is unreachable (reported down, out of rotation until
+# a probe answers). Not REFUSED: an engine that refuses one call is still serving the rest.
 INSTANCE_DOWN = frozenset({CANNOT_CONNECT, TIMEOUT})
 
 _STATUS_KIND = {
@@ -45,14 +50,27 @@ _STATUS_KIND = {
 }
 
 
-def kind_of_status(code: grpc.StatusCode) -> str:
+def kind_of_status(code: grpc.StatusCode, connected: bool = False) -> str:
+    """The kind of a call's status. `connected`: the status is the engine's own answer to
+    this call, come over a connection that is still up (not one the client's transport
+    made up for a connection it could not open or lost).
+
+    UNAVAILABLE means two things in gRPC: the transport's "no connection" (refused, reset,
+    GOAWAY, keepalive timeout; grpc.aio and http2.py then make the status up themselves),
+    and an engine's "not this request, not now" (an engine that is draining, or whose
+    scheduler cannot take the request, answers that one call UNAVAILABLE). Only the first takes
+    the instance out of rotation; the second is `refused`: the request moves to another
+    engine, the engine keeps serving the others."""
+    if connected and code == grpc.StatusCode.UNAVAILABLE:
+        return REFUSED
     return _STATUS_KIND.get(code, ENGINE_ERROR)
 
 
-def kind_of_exception(exc: BaseException) -> str:
-    """Remap anything raised while talking to an engine to a kind."""
+def kind_of_exception(exc: BaseException, connected: bool = False) -> str:
+    """Remap anything raised while talking to an engine to a kind (`connected` as in
+    kind_of_status, for a gRPC error)."""
     if isinstance(exc, grpc.aio.AioRpcError):
-        return kind_of_status(exc.code())
+        return kind_of_status(exc.code(), connected)
     if isinstance(exc, TimeoutError):  # before OSError: TimeoutError is one
         return TIMEOUT
     if isinstance(exc, (ConnectionError, OSError)):
@@ -72,12 +90,14 @@ class EngineError(SwitchyardError):
         self.instance_id = instance_id
 
     @classmethod
-    def from_exception(cls, exc: BaseException, instance_id: int | None = None) -> EngineError:
+    def from_exception(
+        cls, exc: BaseException, instance_id: int | None = None, connected: bool = False
+    ) -> EngineError:
         if isinstance(exc, grpc.aio.AioRpcError):
             message = f"{exc.code().name}: {exc.details() or ''}".rstrip(": ")
         else:
             message = f"{type(exc).__name__}: {exc}"
-        return cls(kind_of_exception(exc), message, instance_id)
+        return cls(kind_of_exception(exc, connected), message, instance_id)
 
     def __repr__(self) -> str:
         return f"EngineError(kind={self.kind!r}, instance_id={self.instance_id}, {self.message!r})"

@@ -190,8 +190,26 @@ class EngineClient(abc.ABC):
             await self.streams.close()
         await self.channel.close()
 
-    def _error(self, exc: BaseException) -> EngineError:
-        return EngineError.from_exception(exc, self.instance_id)
+    def _error(self, exc: grpc.aio.AioRpcError) -> EngineError:
+        """A grpc.aio failure as an EngineError. An UNAVAILABLE is the engine refusing this
+        call (kind refused) when the channel is READY as the call fails, else the
+        transport's lost or never-opened connection (cannot_connect: instance down).
+
+        The rule reads the channel's state, not the error's text: grpc.aio gives an
+        engine's own UNAVAILABLE and one its transport made up the same code and the same
+        shape of details and debug string (grpcio 1.85: "UNAVAILABLE:<details>" for both,
+        no "Error received from peer" to tell them apart; a server's "Cancelling all calls"
+        as it stops is one of the engine's own). The state is read at once, on the loop,
+        in the call's failure: a refusal leaves the connection READY; a refused or failed
+        connect leaves the channel in TRANSIENT_FAILURE (or CONNECTING), and a connection
+        lost under the call (reset, GOAWAY, a server stopping, keepalive timeout) has left
+        READY (IDLE) by the time the call's error is delivered. If the channel had already
+        reconnected, the engine is answering again and not reporting it down is right."""
+        connected = (
+            exc.code() == grpc.StatusCode.UNAVAILABLE
+            and self.channel.get_state(try_to_connect=False) == grpc.ChannelConnectivity.READY
+        )
+        return EngineError.from_exception(exc, self.instance_id, connected)
 
     # The family's generated message module (HealthCheckRequest, GetLoadsRequest, ...): both
     # families name these RPCs and messages alike.

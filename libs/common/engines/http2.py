@@ -20,6 +20,12 @@ What it does of HTTP/2:
 Failures are EngineErrors of the same kinds as grpc.aio's (errors.kind_of_status): the
 stream's grpc-status, an HTTP status or RST_STREAM code mapped as gRPC does, a lost or refused
 connection UNAVAILABLE (cannot_connect), the client closed under a call `disconnected`.
+An UNAVAILABLE the engine answers while its connection still takes new streams (a
+grpc-status 14, HTTP 503, RST_STREAM REFUSED_STREAM; no GOAWAY yet) refuses that one call
+(kind refused: migrate, the instance stays up); a connection this client could not open or
+lost (refused, reset, GOAWAY, keepalive timeout) is cannot_connect. A server that stops
+sends GOAWAY before it fails its calls UNAVAILABLE ("Cancelling all calls"): those are
+cannot_connect. HTTP 429 is RESOURCE_EXHAUSTED (overloaded).
 """
 
 from __future__ import annotations
@@ -74,23 +80,28 @@ _U32 = struct.Struct(">I")
 _SETTING = struct.Struct(">HI")
 _STATUS = {code.value[0]: code for code in grpc.StatusCode}
 # RST_STREAM error codes as gRPC maps them to statuses (PROTOCOL-HTTP2, "Errors").
+# The engine's answer: an UNAVAILABLE here is `refused` while the connection is usable.
 _RST_STATUS = {
     0x7: grpc.StatusCode.UNAVAILABLE,  # REFUSED_STREAM: the engine never saw it
     0x8: grpc.StatusCode.CANCELLED,
     0xB: grpc.StatusCode.RESOURCE_EXHAUSTED,  # ENHANCE_YOUR_CALM
     0xC: grpc.StatusCode.PERMISSION_DENIED,  # INADEQUATE_SECURITY
 }
-# A non-200 HTTP status as gRPC maps it (the engine, or a proxy before it, refused the call).
+# A non-200 HTTP status as gRPC maps it (the engine, or a proxy before it, refused the call),
+# but 429: gRPC says UNAVAILABLE, and "too many requests" is an overload (mark busy, try
+# another), not a refusal. 503 is the server refusing this call (`refused`); 502 and 504 are
+# a proxy that could not reach the engine behind it (cannot_connect: instance down).
 _HTTP_STATUS = {
     400: grpc.StatusCode.INTERNAL,
     401: grpc.StatusCode.UNAUTHENTICATED,
     403: grpc.StatusCode.PERMISSION_DENIED,
     404: grpc.StatusCode.UNIMPLEMENTED,
-    429: grpc.StatusCode.UNAVAILABLE,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
     502: grpc.StatusCode.UNAVAILABLE,
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.UNAVAILABLE,
 }
+_HTTP_REFUSALS = frozenset({"503"})  # an UNAVAILABLE that is `refused`, not cannot_connect
 
 
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
@@ -132,11 +143,12 @@ def closed_error(instance_id: int | None = None) -> EngineError:
 
 
 def status_error(
-    code: grpc.StatusCode, details: str, instance_id: int | None = None
+    code: grpc.StatusCode, details: str, instance_id: int | None = None, connected: bool = False
 ) -> EngineError:
-    """An EngineError as grpc.aio's AioRpcError of that status becomes one."""
+    """An EngineError as grpc.aio's AioRpcError of that status becomes one; `connected`: the
+    engine answered it on a live connection (errors.kind_of_status)."""
     message = f"{code.name}: {details}".rstrip(": ")
-    return EngineError(errors.kind_of_status(code), message, instance_id)
+    return EngineError(errors.kind_of_status(code, connected), message, instance_id)
 
 
 class StreamCall:
@@ -288,7 +300,9 @@ class StreamCall:
                 message = unquote(value)
         if status is not None and status != "200" and grpc_status is None:
             code = _HTTP_STATUS.get(int(status) if status.isdigit() else 0)
-            self.fail(status_error(code or grpc.StatusCode.UNKNOWN, f"HTTP status {status}"), True)
+            why = f"HTTP status {status}"
+            refused = status in _HTTP_REFUSALS and self._live()
+            self.fail(status_error(code or grpc.StatusCode.UNKNOWN, why, connected=refused), True)
             return
         if not end_stream:
             return
@@ -299,11 +313,19 @@ class StreamCall:
             self.error = status_error(grpc.StatusCode.INTERNAL, why, instance_id)
         elif grpc_status != "0":
             code = _STATUS.get(int(grpc_status) if grpc_status.isdigit() else -1)
-            self.error = status_error(code or grpc.StatusCode.UNKNOWN, message, instance_id)
+            self.error = status_error(
+                code or grpc.StatusCode.UNKNOWN, message, instance_id, self._live()
+            )
         elif self._buffer:
             why = "the stream ended inside a message"
             self.error = status_error(grpc.StatusCode.INTERNAL, why, instance_id)
         self._wake()
+
+    def _live(self) -> bool:
+        """The engine answered on a connection that still takes new streams (no GOAWAY, not
+        lost): an UNAVAILABLE is then its refusal of this call, not its going away."""
+        conn = self.conn
+        return conn is not None and conn.usable
 
     def finish(self) -> None:
         """The stream is over on the wire (trailers, reset, or the connection gone)."""
@@ -647,7 +669,8 @@ class Http2Connection(asyncio.Protocol):
             if reset is not None:
                 code = _U32.unpack(payload[:4])[0]
                 status = _RST_STATUS.get(code, grpc.StatusCode.INTERNAL)
-                reset.fail(status_error(status, f"the engine reset the stream (code {code})"))
+                why = f"the engine reset the stream (code {code})"
+                reset.fail(status_error(status, why, connected=self.usable))
         elif kind == GOAWAY:
             last = _U32.unpack(payload[:4])[0] & 0x7FFFFFFF
             code = _U32.unpack(payload[4:8])[0]

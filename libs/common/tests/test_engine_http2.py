@@ -370,14 +370,27 @@ class TestEngineRefusals:
     @pytest.mark.parametrize(
         "refusal,kind",
         [
-            (reset(0x7), errors.CANNOT_CONNECT),  # REFUSED_STREAM
+            # the engine never saw the stream, its connection is up: this call refused
+            (reset(0x7), errors.REFUSED),  # REFUSED_STREAM
             (reset(0x8), errors.CANCELLED),  # CANCEL
             (reset(0xB), errors.OVERLOADED),  # ENHANCE_YOUR_CALM
             (reset(0x2), errors.ENGINE_ERROR),  # INTERNAL_ERROR
-            (head(1, END_HEADERS | END_STREAM, status="503"), errors.CANNOT_CONNECT),
+            (head(1, END_HEADERS | END_STREAM, status="503"), errors.REFUSED),
+            (head(1, END_HEADERS | END_STREAM, status="429"), errors.OVERLOADED),
+            # a proxy that could not reach the engine behind it
+            (head(1, END_HEADERS | END_STREAM, status="502"), errors.CANNOT_CONNECT),
             (head(1, END_HEADERS | END_STREAM, status="404"), errors.BAD_REQUEST),  # UNIMPLEMENTED
         ],
-        ids=["refused", "cancel", "calm", "internal", "http-503", "http-404"],
+        ids=[
+            "refused",
+            "cancel",
+            "calm",
+            "internal",
+            "http-503",
+            "http-429",
+            "http-502",
+            "http-404",
+        ],
     )
     async def test_reset_or_http_status(self, refusal, kind):
         got, error, _ = await run_against(lambda peer: answered(peer, refusal))
@@ -392,6 +405,36 @@ class TestEngineRefusals:
             got, error = await drain(generate(streams))
         assert got == [] and error.kind == errors.OVERLOADED
         assert (error.message, error.instance_id) == (f"RESOURCE_EXHAUSTED: {why}", INSTANCE)
+
+    async def test_a_real_engines_unavailable_refuses_the_call_not_the_connection(self):
+        """Regression (QA: one UNAVAILABLE took an engine out of rotation): the engine's own
+        UNAVAILABLE on a live connection is kind refused, and the next call goes out on the
+        same connection."""
+        servicer = Servicer(abort=(grpc.StatusCode.UNAVAILABLE, "draining"))
+        async with grpc_engine(servicer) as port, streams_to(port) as streams:
+            got, error = await drain(generate(streams))
+            conn = streams._conn
+            servicer.abort = None
+            again = await drain(generate(streams, "again"))
+            assert streams._conn is conn and conn is not None
+        assert got == [] and (error.kind, error.message) == (
+            errors.REFUSED,
+            "UNAVAILABLE: draining",
+        )
+        assert again == ([[1], [2]], None)
+
+    async def test_unavailable_after_goaway_is_cannot_connect(self):
+        """A server that stops sends GOAWAY, then fails its calls UNAVAILABLE: going away."""
+
+        def unavailable(stream_id: int) -> bytes:
+            fields = [("grpc-status", "14"), ("grpc-message", "Cancelling all calls")]
+            return frame(HEADERS, END_HEADERS | END_STREAM, stream_id, http2.encode_headers(fields))
+
+        goaway = frame(http2.GOAWAY, 0, 0, _U32.pack(1) + _U32.pack(0))
+        got, error, _ = await run_against(
+            lambda peer: answered(peer, head(1), data(1, message(reply(1))), goaway, unavailable(1))
+        )
+        assert got == [[1]] and error.kind == errors.CANNOT_CONNECT
 
     async def test_stream_ended_by_data_without_trailers(self):
         got, error, _ = await run_against(

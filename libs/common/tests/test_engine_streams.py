@@ -1,6 +1,8 @@
 """The engine adapters against minimal in-process servers that misbehave on purpose."""
 
+import asyncio
 import contextlib
+import socket
 
 import grpc
 import pytest
@@ -147,7 +149,8 @@ class TestStatusMidStream:
     @pytest.mark.parametrize(
         "code,kind",
         [
-            (grpc.StatusCode.UNAVAILABLE, errors.CANNOT_CONNECT),
+            # the engine's own answer on a live connection: this call refused, not down
+            (grpc.StatusCode.UNAVAILABLE, errors.REFUSED),
             (grpc.StatusCode.RESOURCE_EXHAUSTED, errors.OVERLOADED),
             (grpc.StatusCode.INVALID_ARGUMENT, errors.BAD_REQUEST),
             (grpc.StatusCode.INTERNAL, errors.ENGINE_ERROR),
@@ -162,10 +165,84 @@ class TestStatusMidStream:
 
 class TestConnectionNeverOpens:
     async def test_refused(self):
-        import socket
-
         with socket.socket() as hole:  # bound, never listening: connections are refused
             hole.bind(("127.0.0.1", 0))
             got, exc = await run("vllm", f"grpc://127.0.0.1:{hole.getsockname()[1]}")
         assert got == []
         assert exc.kind == errors.CANNOT_CONNECT
+
+
+class StoppedSglang(sgrpc.SglangSchedulerServicer):
+    """Sends one chunk, then its whole server stops (no grace): the connection goes."""
+
+    server: grpc.aio.Server
+
+    async def Generate(self, request, context):
+        yield spb.GenerateResponse(
+            request_id=request.request_id, chunk=spb.GenerateStreamChunk(token_ids=[5])
+        )
+        await asyncio.sleep(0.05)  # the chunk reaches the client first
+        stopping = asyncio.ensure_future(self.server.stop(0))
+        await asyncio.sleep(5)
+        await stopping
+
+
+class TestRefusedOrDown:
+    """Regression (QA: one UNAVAILABLE took an engine out of rotation): an engine's own
+    UNAVAILABLE to one call is kind refused (migrate, not reported down); a connection that
+    is refused or lost is cannot_connect (instance down), on both transports."""
+
+    async def test_a_connection_lost_mid_stream_is_cannot_connect(self):
+        servicer = StoppedSglang()
+        server = servicer.server = grpc.aio.server()
+        sgrpc.add_SglangSchedulerServicer_to_server(servicer, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            got, exc = await run("sglang", f"grpc://127.0.0.1:{port}")
+        finally:
+            await server.stop(None)
+        assert got == [TokenDelta("r", [5])]
+        assert (exc.kind, exc.instance_id) == (errors.CANNOT_CONNECT, 1)
+
+    async def test_a_refusal_before_the_first_reply_is_refused(self):
+        class Refusing(sgrpc.SglangSchedulerServicer):
+            async def Generate(self, request, context):
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "draining")
+                yield  # pragma: no cover (a generator: a streaming handler)
+
+        async with serve(Refusing(), sgrpc.add_SglangSchedulerServicer_to_server) as url:
+            got, exc = await run("sglang", url)
+        assert got == []
+        assert (exc.kind, exc.message) == (errors.REFUSED, "UNAVAILABLE: draining")
+
+
+class TestUnaryRefusedOrDown:
+    """The same rule on the grpc.aio channel's unary calls (HealthCheck, Embed, ...)."""
+
+    async def test_an_engine_answering_unavailable_is_refused(self):
+        class Draining(sgrpc.SglangSchedulerServicer):
+            async def HealthCheck(self, request, context):
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "draining")
+
+        async with serve(Draining(), sgrpc.add_SglangSchedulerServicer_to_server) as url:
+            client = client_for("sglang", url, 1)
+            try:
+                with pytest.raises(EngineError) as info:
+                    await client.health(2.0)
+                with pytest.raises(EngineError) as again:  # the connection is still up
+                    await client.health(2.0)
+            finally:
+                await client.close()
+        assert info.value.kind == again.value.kind == errors.REFUSED
+
+    async def test_a_refused_connection_is_cannot_connect(self):
+        with socket.socket() as hole:  # bound, never listening: connections are refused
+            hole.bind(("127.0.0.1", 0))
+            client = client_for("sglang", f"grpc://127.0.0.1:{hole.getsockname()[1]}", 1)
+            try:
+                with pytest.raises(EngineError) as info:
+                    await client.health(2.0)
+            finally:
+                await client.close()
+        assert info.value.kind == errors.CANNOT_CONNECT

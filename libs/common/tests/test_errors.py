@@ -19,7 +19,7 @@ EXPECTED = {
     grpc.StatusCode.OUT_OF_RANGE: errors.BAD_REQUEST,
     grpc.StatusCode.UNIMPLEMENTED: errors.BAD_REQUEST,
     grpc.StatusCode.INTERNAL: errors.ENGINE_ERROR,
-    grpc.StatusCode.UNAVAILABLE: errors.CANNOT_CONNECT,
+    grpc.StatusCode.UNAVAILABLE: errors.CANNOT_CONNECT,  # made up by the transport
     grpc.StatusCode.DATA_LOSS: errors.ENGINE_ERROR,
     grpc.StatusCode.UNAUTHENTICATED: errors.ENGINE_ERROR,
 }
@@ -49,6 +49,38 @@ class TestRemapTable:
     )
     def test_transport_exceptions(self, exc, kind):
         assert kind_of_exception(exc) == kind
+
+
+class TestRefusedOnALiveConnection:
+    """Regression (QA: one UNAVAILABLE answer took a whole engine out of rotation): an
+    UNAVAILABLE the engine answered over a live connection refuses that call only."""
+
+    def test_unavailable_from_the_engine_is_refused(self):
+        assert kind_of_status(grpc.StatusCode.UNAVAILABLE, connected=True) == errors.REFUSED
+        exc = rpc_error(grpc.StatusCode.UNAVAILABLE)
+        assert kind_of_exception(exc, connected=True) == errors.REFUSED
+
+    def test_unavailable_made_by_the_transport_is_cannot_connect(self):
+        assert kind_of_status(grpc.StatusCode.UNAVAILABLE) == errors.CANNOT_CONNECT
+
+    @pytest.mark.parametrize(
+        "code", [c for c in grpc.StatusCode if c != grpc.StatusCode.UNAVAILABLE], ids=str
+    )
+    def test_other_codes_do_not_depend_on_the_connection(self, code):
+        assert kind_of_status(code, connected=True) == kind_of_status(code) == EXPECTED[code]
+
+    def test_refused_migrates_without_marking_down(self):
+        assert errors.REFUSED in errors.MIGRATABLE
+        assert errors.REFUSED not in errors.INSTANCE_DOWN
+
+    def test_from_exception(self):
+        exc = rpc_error(grpc.StatusCode.UNAVAILABLE, "draining")
+        error = EngineError.from_exception(exc, 3, connected=True)
+        assert (error.kind, error.instance_id, error.message) == (
+            errors.REFUSED,
+            3,
+            "UNAVAILABLE: draining",
+        )
 
 
 class TestWhatKindsMean:

@@ -68,6 +68,11 @@ class TestRunEmbed:
             (4, errors.CANNOT_CONNECT, "refused")
         ]
 
+    async def test_an_engine_refusing_the_call_is_not_reported_down(self):
+        """Regression (QA: one UNAVAILABLE answer took a whole engine out of rotation)."""
+        sent, down = await run(FakeClient(fail_on=[7], kind=errors.REFUSED), [[7]])
+        assert sent[0].kind == errors.REFUSED and down == []
+
     async def test_no_inputs_and_mixed_dimensions_fail(self):
         sent, _ = await run(FakeClient(), [])
         assert sent[0].kind == errors.BAD_REQUEST

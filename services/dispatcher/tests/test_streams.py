@@ -64,6 +64,8 @@ class TestRunGeneration:
         [
             (errors.CANNOT_CONNECT, True),
             (errors.TIMEOUT, True),
+            # the engine refused this one call: migrate, the engine stays in rotation
+            (errors.REFUSED, False),
             (errors.DISCONNECTED, False),
             (errors.OVERLOADED, False),
             (errors.BAD_REQUEST, False),
