@@ -29,7 +29,7 @@ from pathlib import Path
 from harness import pct
 from load import MODEL, Processes, served_tokenizer_dir, start_engines, switchyard_stack
 from loadgen import HttpTarget, closed_loop, prompts
-from procstat import CLOCK_TICKS, CpuMeter, children_map, label, tree
+from procstat import CLOCK_TICKS, CpuMeter, children_map, label, tree, wakeups
 
 HERE = Path(__file__).resolve().parent
 SERVICES = ("preprocessor", "dispatcher", "router")
@@ -63,22 +63,6 @@ def thread_cpu(pid: int) -> dict[str, float]:
         fields = stat[stat.rindex(")") + 2 :].split()
         out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
     return out
-
-
-def wakeups(pid: int) -> int:
-    """Voluntary context switches of every thread of a process so far: each is a sleep that
-    ended in a wake-up (an epoll, a futex, a ZMQ mailbox), a count the machine's speed does
-    not change, unlike CPU seconds."""
-    count = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            status = (task / "status").read_text()
-        except OSError:
-            continue
-        for line in status.splitlines():
-            if line.startswith("voluntary_ctxt_switches:"):
-                count += int(line.split()[1])
-    return count
 
 
 def frame_name(frame: str) -> str:

@@ -29,16 +29,17 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import os
 import resource
 import socket
 import sys
 import time
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any
 
 import uvloop
 import zmq
+from procstat import wakeups
 
 from switchyard.common.messaging import LoopSocket, new_socket
 
@@ -51,16 +52,7 @@ def _usage() -> tuple[float, int]:
     """CPU seconds of this process (every thread) and voluntary context switches of every
     thread: each is a sleep that ended in a wake-up."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    switches = 0
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            status = (task / "status").read_text()
-        except OSError:
-            continue
-        for line in status.splitlines():
-            if line.startswith("voluntary_ctxt_switches:"):
-                switches += int(line.split()[1])
-    return usage.ru_utime + usage.ru_stime, switches
+    return usage.ru_utime + usage.ru_stime, wakeups(os.getpid())
 
 
 # --- the sink: reads whatever comes, as fast as it comes (blocking, not measured) ----------

@@ -3,7 +3,8 @@
 A `CpuMeter` is given named groups of root pids ("client", "frontend", "engines"); a snapshot
 walks every root's process tree and reads utime + stime of each process; the difference of two
 snapshots is the CPU each process spent in between, labelled by what the process is
-(`preprocessor`, `router`, `engine-0`, `smg`, ...).
+(`preprocessor`, `router`, `engine-0`, `smg`, ...). `wakeups` counts a process's wake-ups
+(voluntary context switches of all its threads).
 """
 
 from __future__ import annotations
@@ -27,6 +28,22 @@ def read_stat(pid: int) -> tuple[int, float] | None:
     fields = text[text.rindex(")") + 2 :].split()
     # fields[0] is the state; then ppid, ..., utime and stime are the 14th and 15th of the line.
     return int(fields[1]), (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def wakeups(pid: int) -> int:
+    """Voluntary context switches of every thread of a process so far: each is a sleep that
+    ended in a wake-up (an epoll, a futex, a ZMQ mailbox), a count the machine's speed does
+    not change, unlike CPU seconds."""
+    count = 0
+    for task in (PROC / str(pid) / "task").iterdir():
+        try:
+            status = (task / "status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                count += int(line.split()[1])
+    return count
 
 
 def children_map() -> dict[int, list[int]]:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from switchyard.common import endpoints
+from switchyard.common.argtypes import positive_seconds, seconds, whole_number
 from switchyard.common.engines.tls import (
     add_engine_tls_arguments,
     engine_tls_argv,
@@ -53,7 +54,6 @@ from switchyard.common.ports import (
 )
 from switchyard.common.workers import worker_flag
 from switchyard.dispatcher.channels import DEFAULT_DRAIN_TIMEOUT
-from switchyard.dispatcher.cli import seconds
 from switchyard.dispatcher.service import ENGINE_STREAMS, ENGINE_STREAMS_HTTP2
 from switchyard.preprocessor.auth import ADMIN_TOKEN_ENV, KEYS_ENV, keys_from_env
 from switchyard.preprocessor.cli import add_guardrail_arguments
@@ -125,11 +125,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--router-mode", choices=MODES, default="kv", help="the routers' policy (router --help)"
     )
-    parser.add_argument("--dispatchers", type=_count, default=1, help="dispatcher replicas")
-    parser.add_argument("--routers", type=_count, default=1, help="router replicas")
+    parser.add_argument(
+        "--dispatchers", type=whole_number(1), default=1, help="dispatcher replicas"
+    )
+    parser.add_argument("--routers", type=whole_number(1), default=1, help="router replicas")
     parser.add_argument(
         "--preprocessors",
-        type=_count,
+        type=whole_number(1),
         default=1,
         help="preprocessor processes sharing --http-port (SO_REUSEPORT; one per spare core)",
     )
@@ -225,28 +227,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_port_arguments(parser)  # --port-range for every child; --ready-file for up itself
     parser.add_argument(
         "--start-timeout",
-        type=_positive_seconds,
+        type=positive_seconds,
         default=120.0,
         help="seconds each start-up stage may take to report its ports",
     )
     add_logging_arguments(parser)
-
-
-def _positive_seconds(text: str) -> float:
-    value = seconds(text)
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 LOCAL = "tcp://127.0.0.1:0"  # a free loopback port, searched by the child itself

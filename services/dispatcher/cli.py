@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-
-import zmq
 
 from switchyard.common import endpoints, heap
+from switchyard.common.argtypes import seconds
 from switchyard.common.engines.tls import add_engine_tls_arguments, engine_tls_from_args
 from switchyard.common.logs import add_logging_arguments, setup_logging
-from switchyard.common.metrics import add_metrics_arguments, serve_metrics
+from switchyard.common.metrics import add_metrics_arguments
 from switchyard.common.ports import add_port_arguments, write_ready_file
-from switchyard.common.runner import run_until_signal
+from switchyard.common.runner import run_service
 from switchyard.dispatcher.channels import DEFAULT_DRAIN_TIMEOUT
 from switchyard.dispatcher.service import (
     DEFAULT_REPLY_WINDOW,
@@ -22,17 +20,6 @@ from switchyard.dispatcher.service import (
     ENGINE_STREAMS_HTTP2,
     DispatcherService,
 )
-
-
-def seconds(text: str) -> float:
-    """A number of seconds >= 0 (argparse type)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,8 +85,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SystemExit(f"dispatcher: {exc}") from None
 
-    async def main(stop: asyncio.Event) -> None:
-        service = DispatcherService(
+    def build() -> DispatcherService:
+        return DispatcherService(
             args.bind,
             args.fleet_control,
             args.fleet_events,
@@ -110,33 +97,13 @@ def run(args: argparse.Namespace) -> int:
             engine_streams=args.engine_streams,
             reply_window=args.reply_window_ms / 1000,
         )
-        metrics_port: int | None = None
 
-        def bound(endpoint: str) -> None:
-            started.append(endpoint)
-            logs.instance = endpoint
-            heap.settle()  # the start-up heap, out of full collections
-            write_ready_file(args.ready_file, {"bind": endpoint, "metrics_port": metrics_port})
+    def bound(service: DispatcherService, endpoint: str, metrics_port: int | None) -> None:
+        logs.instance = endpoint
+        heap.settle()  # the start-up heap, out of full collections
+        write_ready_file(args.ready_file, {"bind": endpoint, "metrics_port": metrics_port})
 
-        try:
-            metrics_port = serve_metrics(
-                service.metrics.registry, args.metrics_host, args.metrics_port, args.port_range
-            )
-        except OSError as exc:
-            failed.append(
-                f"cannot serve /metrics on {args.metrics_host}:{args.metrics_port}: {exc}"
-            )
-            return
-        try:
-            await service.run(stop, ports=args.port_range, on_bound=bound)
-        except (OSError, zmq.ZMQError) as exc:
-            if started:
-                raise
-            failed.append(str(exc))  # a port taken, an address not ours: one line, no traceback
-
-    started: list[str] = []
-    failed: list[str] = []
-    code = run_until_signal(main)
-    if failed:
-        raise SystemExit(f"dispatcher cannot start: {failed[0]}")
-    return code
+    failed = run_service(build, bound, args)
+    if failed is not None:
+        raise SystemExit(f"dispatcher cannot start: {failed}")
+    return 0

@@ -13,6 +13,7 @@ import uvloop
 import zmq
 
 from switchyard.common import endpoints
+from switchyard.common.argtypes import whole_number
 from switchyard.common.engines.tls import add_engine_tls_arguments, engine_tls_from_args
 from switchyard.common.logs import LogContext, add_logging_arguments, setup_logging
 from switchyard.common.metrics import add_metrics_arguments, serve_metrics
@@ -30,17 +31,6 @@ def _worker(text: str) -> WorkerSpec:
         return parse_worker(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _probes(text: str) -> int:
-    """A number of probes >= 1 (argparse type)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def _seconds(text: str) -> float:
@@ -90,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--readmit-after",
-        type=_probes,
+        type=whole_number(1),
         default=2,
         metavar="PROBES",
         help="consecutive good probes before an engine that was down is routable again",

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import uvicorn
 
 from switchyard.common import endpoints, heap
+from switchyard.common.argtypes import positive_seconds, whole_number
 from switchyard.common.engines.tls import add_engine_tls_arguments, engine_tls_from_args
 from switchyard.common.logs import add_logging_arguments, setup_logging
 from switchyard.common.metrics import add_metrics_arguments, serve_metrics
@@ -35,30 +36,6 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
     if not 0 <= value < math.inf:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def _positive_seconds(text: str) -> float:
-    value = _seconds(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be > 0")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def _positive_count(text: str) -> int:
-    value = _count(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be > 0, got 0")
     return value
 
 
@@ -108,7 +85,7 @@ def add_guardrail_arguments(parser: argparse.ArgumentParser) -> None:
     )
     limits.add_argument(
         "--max-concurrent-requests",
-        type=_count,
+        type=whole_number(0),
         default=admission.DEFAULT_MAX_CONCURRENT,
         metavar="N",
         help="generation requests this process runs at once (0: no limit; default "
@@ -116,7 +93,7 @@ def add_guardrail_arguments(parser: argparse.ArgumentParser) -> None:
     )
     limits.add_argument(
         "--max-queued-requests",
-        type=_count,
+        type=whole_number(0),
         default=admission.DEFAULT_MAX_QUEUED,
         metavar="N",
         help="requests that may wait for a slot; more get 429 at once (default "
@@ -124,7 +101,7 @@ def add_guardrail_arguments(parser: argparse.ArgumentParser) -> None:
     )
     limits.add_argument(
         "--queue-timeout",
-        type=_positive_seconds,
+        type=positive_seconds,
         default=admission.DEFAULT_QUEUE_TIMEOUT,
         metavar="SECONDS",
         help="a queued request waits this long for a slot, then gets 429 (default "
@@ -132,7 +109,7 @@ def add_guardrail_arguments(parser: argparse.ArgumentParser) -> None:
     )
     limits.add_argument(
         "--max-requests-per-key",
-        type=_count,
+        type=whole_number(0),
         default=0,
         metavar="N",
         help="requests one client key may have running or queued (0: no limit; default 0)",
@@ -259,13 +236,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-body-bytes",
-        type=_positive_count,
+        type=whole_number(1),
         default=32 * 1024 * 1024,
         help="larger generation requests get 413 (default 32 MiB)",
     )
     parser.add_argument(
         "--keep-alive-timeout",
-        type=_positive_seconds,
+        type=positive_seconds,
         default=75.0,
         help="seconds an idle client connection is kept open (default 75, as nginx): longer "
         "than clients' own pool expiry (httpx: 5 s), so the client closes first and never "

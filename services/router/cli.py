@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 
-import zmq
-
 from switchyard.common import endpoints, heap
+from switchyard.common.argtypes import seconds
 from switchyard.common.engines.tls import add_engine_tls_arguments, engine_tls_from_args
 from switchyard.common.logs import add_logging_arguments, setup_logging
-from switchyard.common.metrics import add_metrics_arguments, serve_metrics
+from switchyard.common.metrics import add_metrics_arguments
 from switchyard.common.ports import add_port_arguments, write_ready_file
-from switchyard.common.runner import run_until_signal
+from switchyard.common.runner import run_service
 from switchyard.router import config as routing_config
 from switchyard.router.core import DEFAULT_DISAGG_MIN_UNCACHED_TOKENS, RouterCore
 from switchyard.router.kv.ingestor import ListenerSpec
@@ -23,18 +21,6 @@ from switchyard.router.service import RouterService
 from switchyard.router.timing import TimeParams
 
 log = logging.getLogger(__name__)
-
-
-def _seconds(text: str) -> float:
-    """A number of seconds >= 0 (argparse type): a negative or NaN interval is refused, not
-    taken as "warn at once" or "never"."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -135,14 +121,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     kv.add_argument(
         "--kv-silence-warning",
-        type=_seconds,
+        type=seconds,
         default=30.0,
         help="warn about an engine routed to for this long whose KV events never arrived "
         "(default %(default)s s)",
     )
     parser.add_argument(
         "--load-poll-interval",
-        type=_seconds,
+        type=seconds,
         default=0.5,
         help="seconds between GetLoads polls of each engine when a plugin reads engine load "
         "(0: never poll; default %(default)s)",
@@ -205,8 +191,8 @@ def run(args: argparse.Namespace) -> int:
         log.error("router: %s", exc)
         return 2
 
-    async def main(stop: asyncio.Event) -> None:
-        service = RouterService(
+    def build() -> RouterService:
+        return RouterService(
             core,
             args.bind,
             args.fleet_control,
@@ -216,37 +202,17 @@ def run(args: argparse.Namespace) -> int:
             silence_after=args.kv_silence_warning,
             tls=tls,
         )
-        metrics_port: int | None = None
 
-        def bound(endpoint: str) -> None:
-            started.append(endpoint)
-            logs.instance = endpoint
-            report: dict[str, object] = {"bind": endpoint, "metrics_port": metrics_port}
-            if service.kv_listen_endpoint is not None:  # --kv-events-bind / --kv-events-proxy
-                report["kv_events_listen"] = service.kv_listen_endpoint
-            heap.settle()  # the start-up heap, out of full collections
-            write_ready_file(args.ready_file, report)
+    def bound(service: RouterService, endpoint: str, metrics_port: int | None) -> None:
+        logs.instance = endpoint
+        report: dict[str, object] = {"bind": endpoint, "metrics_port": metrics_port}
+        if service.kv_listen_endpoint is not None:  # --kv-events-bind / --kv-events-proxy
+            report["kv_events_listen"] = service.kv_listen_endpoint
+        heap.settle()  # the start-up heap, out of full collections
+        write_ready_file(args.ready_file, report)
 
-        try:
-            metrics_port = serve_metrics(
-                service.metrics.registry, args.metrics_host, args.metrics_port, args.port_range
-            )
-        except OSError as exc:
-            failed.append(
-                f"cannot serve /metrics on {args.metrics_host}:{args.metrics_port}: {exc}"
-            )
-            return
-        try:
-            await service.run(stop, ports=args.port_range, on_bound=bound)
-        except (OSError, zmq.ZMQError) as exc:
-            if started:
-                raise
-            failed.append(str(exc))  # a port taken, an address not ours: one line, no traceback
-
-    started: list[str] = []
-    failed: list[str] = []
-    code = run_until_signal(main)
-    if failed:
-        log.error("router cannot start: %s", failed[0])
+    failed = run_service(build, bound, args)
+    if failed is not None:
+        log.error("router cannot start: %s", failed)
         return 1
-    return code
+    return 0

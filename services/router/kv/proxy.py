@@ -30,6 +30,7 @@ from types import FrameType
 
 import zmq
 
+from switchyard.common.argtypes import whole_number
 from switchyard.common.endpoints import zmq_endpoint
 from switchyard.common.logs import add_logging_arguments, setup_logging
 from switchyard.common.ports import PortRange, add_port_arguments, write_ready_file, zmq_bind
@@ -118,16 +119,6 @@ def _forward(xsub: zmq.Socket[bytes], xpub: zmq.Socket[bytes], control: zmq.Sock
             sock.close(linger=0)
 
 
-def _ranks(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--frontend",
@@ -143,7 +134,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--ranks",
-        type=_ranks,
+        type=whole_number(1),
         default=1,
         help="data-parallel ranks: one frontend/backend pair per rank at base port + rank",
     )
