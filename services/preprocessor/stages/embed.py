@@ -16,6 +16,7 @@ import sys
 import time
 from array import array
 
+import msgspec
 import orjson
 
 from switchyard.common import errors
@@ -85,19 +86,22 @@ async def embed(ctx: RequestContext) -> Embeddings:
     state = ctx.state
     limits = deps.limits
     exclude: list[int] = []
+    refused: list[int] = []  # as Generation.refused: avoided while another engine is left
     failure: GenerateFailed | None = None
     for attempt in range(limits.migration_limit + 1):
         engine_id = ctx.inp.engine_id
         request_id = engine_id if attempt == 0 else f"{engine_id}.m{attempt}"
-        routed = await deps.router.route(
-            RouteRequest(
-                request_id=request_id,
-                model=ctx.inp.request.model,
-                token_ids=state.prompt_ids[0],
-                exclude=exclude,
-            ),
-            limits.route_timeout,
+        route = RouteRequest(
+            request_id=request_id,
+            model=ctx.inp.request.model,
+            token_ids=state.prompt_ids[0],
+            exclude=exclude + refused,
         )
+        routed = await deps.router.route(route, limits.route_timeout)
+        if routed.instance_id is None and refused:
+            refused.clear()
+            route = msgspec.structs.replace(route, exclude=exclude)
+            routed = await deps.router.route(route, limits.route_timeout)
         if routed.instance_id is None:
             model = ctx.inp.request.model
             raise NoWorker(routed.error, f"no engine available for model {model!r}", model)
@@ -135,7 +139,9 @@ async def embed(ctx: RequestContext) -> Embeddings:
             raise EngineError(failure.kind, failure.message, failure.instance_id)
         if failure.kind == errors.OVERLOADED:
             await deps.router.busy(failure.instance_id, limits.busy_seconds)
-        if failure.engine_fault:
+        if failure.kind == errors.REFUSED:
+            refused.append(failure.instance_id)
+        elif failure.engine_fault:
             exclude.append(failure.instance_id)
         entry = state.entry
         deps.metrics.migrations.labels(entry.name if entry else "", failure.kind).inc()

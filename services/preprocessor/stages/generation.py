@@ -89,6 +89,7 @@ class Generation:
         "instance_id",
         "stream",
         "exclude",
+        "refused",
         "hops",
         "got_tokens",
         "whole",
@@ -121,6 +122,9 @@ class Generation:
         self.instance_id = 0
         self.stream: GenerationStream | HopStream | None = None
         self.exclude: list[int] = []
+        # Engines that refused an attempt (a per-call UNAVAILABLE): avoided while another
+        # can take it, tried again when none is left (a refusal is a moment, not a fault).
+        self.refused: list[int] = []
         self.hops = 0
         self.got_tokens = False  # this attempt produced a token
         self.whole = False  # this attempt asked the engine for one final message
@@ -251,6 +255,7 @@ class Generation:
             )
             sibling.attempt = self.attempt
             sibling.exclude = list(self.exclude)
+            sibling.refused = list(self.refused)
             sibling.hops = self.hops
             self.ctx.state.generations.append(sibling)
             await sibling.start()
@@ -295,17 +300,19 @@ class Generation:
     async def _route(self, span: Span | None = None) -> RouteResponse:
         ctx = self.ctx
         deps = ctx.deps
-        reply = await deps.router.route(
-            RouteRequest(
-                request_id=self.attempt_id,
-                model=ctx.inp.request.model,
-                token_ids=self.prompt_ids,
-                exclude=self.exclude,
-                session_id=ctx.inp.session_id,
-                whole=self.whole_unless_hop(),
-            ),
-            deps.limits.route_timeout,
+        request = RouteRequest(
+            request_id=self.attempt_id,
+            model=ctx.inp.request.model,
+            token_ids=self.prompt_ids,
+            exclude=self.exclude + self.refused if self.refused else self.exclude,
+            session_id=ctx.inp.session_id,
+            whole=self.whole_unless_hop(),
         )
+        reply = await deps.router.route(request, deps.limits.route_timeout)
+        if reply.instance_id is None and self.refused:
+            self.refused.clear()  # every other engine is out: those that refused it may take it
+            request = msgspec.structs.replace(request, exclude=self.exclude)
+            reply = await deps.router.route(request, deps.limits.route_timeout)
         if reply.policy == FALLBACK_POLICY:
             deps.metrics.router_fallback.inc()
         if span is not None:
@@ -409,7 +416,9 @@ class Generation:
             raise EngineError(failure.kind, failure.message, failure.instance_id)
         if failure.kind == errors.OVERLOADED:
             await deps.router.busy(failure.instance_id, deps.limits.busy_seconds)
-        if failure.engine_fault:
+        if failure.kind == errors.REFUSED:
+            self.refused.append(failure.instance_id)
+        elif failure.engine_fault:
             self.exclude.append(failure.instance_id)
         if self.attempt >= deps.limits.migration_limit:
             raise EngineError(

@@ -220,6 +220,41 @@ class TestMigration:
         status, _ = await run(d, body, COMPLETIONS)
         assert status == 200 and calls == [0, 0]
 
+    async def test_engines_that_refused_are_tried_again_when_none_is_left(self, bundle):
+        """A refusal (an engine's own UNAVAILABLE to one call) avoids that engine while
+        another is left; once every engine refused, they may take it again."""
+        calls: list[int] = []
+
+        def script(req):
+            calls.append(req.instance_id)
+            if len(calls) <= 2:
+                return [failed(req.request_id, req.instance_id, errors.REFUSED)]
+            return [tokens(req.request_id, 8), done(req.request_id)]
+
+        router = FakeRouter([1, 2])
+        d = deps(bundle, router, FakeDispatcher(script))
+        status, _ = await run(d, chat_body())
+        assert status == 200 and calls == [1, 2, 1]
+        assert router.excluded == [[], [1], [1, 2], []]
+
+    async def test_a_refusing_engine_stays_out_while_a_dead_one_is_excluded(self, bundle):
+        calls: list[int] = []
+
+        def script(req):
+            calls.append(req.instance_id)
+            if req.instance_id == 1:
+                return [failed(req.request_id, 1, errors.CANNOT_CONNECT)]
+            if len(calls) == 2:
+                return [failed(req.request_id, 2, errors.REFUSED)]
+            return [tokens(req.request_id, 8), done(req.request_id)]
+
+        router = FakeRouter([1, 2])
+        d = deps(bundle, router, FakeDispatcher(script))
+        status, _ = await run(d, chat_body())
+        # the dead engine stays excluded when the refusing one is tried again
+        assert status == 200 and calls == [1, 2, 2]
+        assert router.excluded == [[], [1], [1, 2], [1]]
+
     async def test_overloaded_engine_is_marked_busy(self, bundle):
         def script(req):
             if req.instance_id == 1:
