@@ -224,7 +224,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_guardrail_arguments(parser)  # passed to every preprocessor (--shutdown-grace: too)
     add_engine_tls_arguments(parser)  # passed to fleet, routers, dispatchers, preprocessors
-    add_port_arguments(parser)  # --port-range for every child; --ready-file for up itself
+    # --port-range for every child; --ready-file for up itself, written when a client can use
+    # the stack (a bound socket that routes nowhere yet would not do)
+    add_port_arguments(
+        parser, "once the stack serves (its /ready answers 200), again after a child restarts"
+    )
     parser.add_argument(
         "--start-timeout",
         type=positive_seconds,

@@ -203,7 +203,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 # ---- the ready file: how a service tells its parent what it bound ---------------------------
 
 
-def add_port_arguments(parser: argparse.ArgumentParser) -> None:
+def add_port_arguments(
+    parser: argparse.ArgumentParser, ready_when: str = "once every socket is bound"
+) -> None:
     parser.add_argument(
         "--port-range",
         type=_port_range_arg,
@@ -215,7 +217,7 @@ def add_port_arguments(parser: argparse.ArgumentParser) -> None:
         "--ready-file",
         type=Path,
         default=None,
-        help="write the bound ports here (JSON) once every socket is bound",
+        help=f"write the bound ports here (JSON) {ready_when}",
     )
 
 
