@@ -8,6 +8,7 @@ import array
 import asyncio
 import contextlib
 import math
+from collections import defaultdict, deque
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -50,21 +51,25 @@ class Stack:
         self.dealer = dealer
         self.ids = ids  # "generation" / "embedding" -> instance id
         self.engines = engines  # the MockEngineServers, by the same names
+        # Replies read but not yet returned, by request id.
+        self.inbox: defaultdict[str, deque[object]] = defaultdict(deque)
 
     async def send(self, message: object) -> None:
         await self.dealer.send_multipart([codec.encode(message)])
 
     async def replies(self, request_id: str, until: type, count: int = 1) -> list[object]:
-        """This request's replies up to the `count`-th reply of type `until` (or a failure)."""
+        """This request's replies up to the `count`-th reply of type `until` (or a failure).
+
+        Every reply read is kept until a call for its request takes it: one message carries
+        the replies of several requests (the dispatcher sends what its reply window
+        gathered), and another request's finish after this one's in the same message used
+        to be dropped, so waiting for it then failed with "no reply for b"."""
         got: list[object] = []
         seen = 0
+        inbox = self.inbox[request_id]
         while True:
-            if not await self.dealer.poll(15_000):
-                raise TimeoutError(f"no reply for {request_id}")
-            [data] = await self.dealer.recv_multipart()
-            for reply in codec.dispatcher_replies.decode(data):
-                if getattr(reply, "request_id", None) != request_id:
-                    continue
+            while inbox:
+                reply = inbox.popleft()
                 got.append(reply)
                 if isinstance(reply, GenerateFailed):
                     return got
@@ -72,6 +77,13 @@ class Stack:
                     seen += 1
                     if seen == count:
                         return got
+            if not await self.dealer.poll(15_000):
+                raise TimeoutError(f"no reply for {request_id}")
+            [data] = await self.dealer.recv_multipart()
+            for reply in codec.dispatcher_replies.decode(data):
+                rid = getattr(reply, "request_id", None)
+                if rid is not None:
+                    self.inbox[rid].append(reply)
 
 
 @contextlib.asynccontextmanager
