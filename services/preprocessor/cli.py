@@ -161,6 +161,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tokenizer",
         action="append",
+        type=_tokenizer_value,
         default=[],
         metavar="[MODEL=]DIR",
         help="tokenizer folder: DIR for every model, MODEL=DIR for one (repeat); "
@@ -424,6 +425,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 READY_WAIT_S = 60.0
+
+
+def _tokenizer_value(text: str) -> str:
+    """argparse type of --tokenizer: a MODEL=DIR with a half missing is a usage error (exit
+    2, like any other malformed flag), not a folder that has no tokenizer.json."""
+    try:
+        parse_tokenizer_flags([text])
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _parser_flags(values: list[str], check: Callable[[str], object]) -> dict[str, str]:

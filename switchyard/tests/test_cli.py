@@ -207,6 +207,8 @@ class TestRefusedAtParseTime:
             ("preprocessor", ["--max-body-bytes", "-1"]),
             ("preprocessor", ["--keep-alive-timeout", "0"]),
             ("preprocessor", ["--keep-alive-timeout", "-5"]),
+            ("preprocessor", ["--tokenizer", "=/tmp"]),  # was: exit 1, "no tokenizer.json"
+            ("preprocessor", ["--tokenizer", "m="]),
             ("router", ["--bind", "tcp://127.0.0.1:99999"]),
             ("router", ["--fleet-control", "nonsense"]),
             ("router", ["--kv-events-bind", "bogus"]),
