@@ -1,7 +1,13 @@
 """Scorer: a session sticks to the worker it was last routed to (score 1 there, 0 elsewhere)
 for `ttl_s` after its last request, unless that worker is overloaded: at capacity, or with at
-least `min_in_flight` requests in flight and more than `overload_factor` x the candidates'
-average. The session key is the `x-session-id` header, else the OpenAI `user` field.
+least `min_in_flight` requests in flight and more than `overload_factor` x the least loaded
+other candidate. The session key is the `x-session-id` header, else the OpenAI `user` field.
+
+The comparison is with the least loaded other candidate, not with the candidates' average
+(which counts the sticky worker itself): with two workers, "more than twice the average" is
+more than both together, so the sticky worker never yielded, and an engine that restarted
+(or joined) stayed idle while every session stayed where it had moved; with three, two
+workers holding every session still never yielded to the idle third.
 
 Give it a weight above the other scorers' sum to make stickiness win outright; a smaller
 weight makes it a tie-breaker."""
@@ -66,8 +72,8 @@ class SessionAffinity:
         mine = w.load.in_flight
         if mine < p.min_in_flight:
             return False
-        average = sum(x.load.in_flight for x in workers) / len(workers)
-        return mine > p.overload_factor * average
+        idlest = min((x.load.in_flight for x in workers if x is not w), default=mine)
+        return mine > p.overload_factor * idlest
 
     def score(self, ctx: RouteContext, workers: Sequence[Worker]) -> list[float]:
         sticky = self.sticky(ctx.session, ctx.now)

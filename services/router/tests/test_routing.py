@@ -157,6 +157,38 @@ class TestSessionAffinity:
         reply = c.route(req("b", prompt(7, 200), session="s1"), now=1).response
         assert reply.instance_id != first
 
+    def test_of_two_workers_the_busy_sticky_one_yields_to_an_idle_one(self):
+        """Regression: the guard compared the sticky worker with the candidates' average,
+        itself included; of two workers it can never hold more than twice that, so after an
+        engine restart every session stayed on the engine that had taken them over and the
+        restarted one got no request at all."""
+        c = core(inst(1), inst(2))
+        first = c.route(req("a", prompt(6, 200), session="s1"), now=0).response.instance_id
+        for n in range(8):
+            c.tracker.add(f"load{n}", (first, 0), now=0)
+        reply = c.route(req("b", prompt(7, 200), session="s1"), now=1).response
+        assert reply.instance_id == 3 - first
+
+    def test_two_busy_workers_yield_to_an_idle_third(self):
+        c = core(inst(1), inst(2), inst(3))
+        first = c.route(req("a", prompt(6, 200), session="s1"), now=0).response.instance_id
+        busy, idle = [i for i in (1, 2, 3) if i != first]
+        for n in range(5):
+            c.tracker.add(f"mine{n}", (first, 0), now=0)
+            c.tracker.add(f"other{n}", (busy, 0), now=0)
+        reply = c.route(req("b", prompt(7, 200), session="s1"), now=1).response
+        assert reply.instance_id == idle
+
+    def test_a_session_stays_while_the_others_are_about_as_busy(self):
+        c = core(inst(1), inst(2))
+        first = c.route(req("a", prompt(6, 200), session="s1"), now=0).response.instance_id
+        for n in range(5):
+            c.tracker.add(f"mine{n}", (first, 0), now=0)
+        for n in range(4):
+            c.tracker.add(f"other{n}", (3 - first, 0), now=0)
+        reply = c.route(req("b", prompt(7, 200), session="s1"), now=1).response
+        assert reply.instance_id == first
+
     def test_sessions_expire(self):
         c = core(inst(1), inst(2), inst(3))
         scorer = dict(c.decode.scorers)
