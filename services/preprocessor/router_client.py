@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import msgspec
 import zmq
 
 from switchyard.common.messaging import RequestReplyClient
@@ -195,3 +196,18 @@ class RouterClient:
     async def close(self) -> None:
         for router in self._routers:
             await router.close()
+
+
+async def route_around(
+    router: RouterClient, request: RouteRequest, timeout: float, refused: list[int]
+) -> RouteResponse:
+    """Route `request` avoiding also the engines that `refused` it (a per-call UNAVAILABLE):
+    when that leaves none, they may take it after all (a refusal is a moment, not a fault),
+    and `refused` is cleared. The request's own exclusions (dead engines) always hold."""
+    if refused:
+        avoiding = msgspec.structs.replace(request, exclude=request.exclude + refused)
+        reply = await router.route(avoiding, timeout)
+        if reply.instance_id is not None:
+            return reply
+        refused.clear()
+    return await router.route(request, timeout)

@@ -16,7 +16,6 @@ import sys
 import time
 from array import array
 
-import msgspec
 import orjson
 
 from switchyard.common import errors
@@ -31,6 +30,7 @@ from switchyard.preprocessor.errors import (
 )
 from switchyard.preprocessor.openai_requests import EmbeddingRequest
 from switchyard.preprocessor.prompt_encoder import PromptTooLong
+from switchyard.preprocessor.router_client import route_around
 from switchyard.preprocessor.stages.context import RequestContext
 from switchyard.preprocessor.stages.sinks import HttpOut
 from switchyard.protos.messages import Embeddings, EmbedRequest, GenerateFailed, RouteRequest
@@ -95,13 +95,9 @@ async def embed(ctx: RequestContext) -> Embeddings:
             request_id=request_id,
             model=ctx.inp.request.model,
             token_ids=state.prompt_ids[0],
-            exclude=exclude + refused,
+            exclude=exclude,
         )
-        routed = await deps.router.route(route, limits.route_timeout)
-        if routed.instance_id is None and refused:
-            refused.clear()
-            route = msgspec.structs.replace(route, exclude=exclude)
-            routed = await deps.router.route(route, limits.route_timeout)
+        routed = await route_around(deps.router, route, limits.route_timeout, refused)
         if routed.instance_id is None:
             model = ctx.inp.request.model
             raise NoWorker(routed.error, f"no engine available for model {model!r}", model)

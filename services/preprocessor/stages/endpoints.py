@@ -74,6 +74,7 @@ from switchyard.preprocessor.stages.token_loop import stream
 
 log = logging.getLogger(__name__)
 
+
 class Stage(NamedTuple):
     name: str
     run: Callable[[RequestContext], Awaitable[None] | None]

@@ -42,7 +42,7 @@ from switchyard.preprocessor.dispatcher_client import GenerationStream, NoDispat
 from switchyard.preprocessor.errors import NoWorker
 from switchyard.preprocessor.prefill_hop import HopStream, open_hop, supported
 from switchyard.preprocessor.reply_queue import ReplyQueue
-from switchyard.preprocessor.router_client import FALLBACK_POLICY, KV_POLICY
+from switchyard.preprocessor.router_client import FALLBACK_POLICY, KV_POLICY, route_around
 from switchyard.preprocessor.stages.choice import ChoiceOutput
 from switchyard.preprocessor.stages.context import RequestContext
 from switchyard.protos.messages import (
@@ -304,15 +304,11 @@ class Generation:
             request_id=self.attempt_id,
             model=ctx.inp.request.model,
             token_ids=self.prompt_ids,
-            exclude=self.exclude + self.refused if self.refused else self.exclude,
+            exclude=self.exclude,
             session_id=ctx.inp.session_id,
             whole=self.whole_unless_hop(),
         )
-        reply = await deps.router.route(request, deps.limits.route_timeout)
-        if reply.instance_id is None and self.refused:
-            self.refused.clear()  # every other engine is out: those that refused it may take it
-            request = msgspec.structs.replace(request, exclude=self.exclude)
-            reply = await deps.router.route(request, deps.limits.route_timeout)
+        reply = await route_around(deps.router, request, deps.limits.route_timeout, self.refused)
         if reply.policy == FALLBACK_POLICY:
             deps.metrics.router_fallback.inc()
         if span is not None:
