@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from switchyard.common.loop_counter import LoopCounter
 from switchyard.common.loop_histogram import LoopHistogram
 
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -43,10 +44,11 @@ class DispatcherMetrics:
             registry=r,
         )
         # replies / messages = how many replies one ZMQ message carries on average.
-        self.replies = Counter(
+        # Counted per flush, which at concurrency 1 is per token: no lock (LoopCounter).
+        self.replies = LoopCounter(
             "switchyard_dispatcher_replies", "replies sent to preprocessors", registry=r
         )
-        self.messages = Counter(
+        self.messages = LoopCounter(
             "switchyard_dispatcher_reply_messages",
             "ZMQ messages carrying those replies (one per peer per loop iteration)",
             registry=r,
