@@ -3,7 +3,7 @@
 import gc
 import weakref
 
-from switchyard.common.heap import settle
+from switchyard.common.heap import YOUNG_THRESHOLD, settle
 
 
 class _Node:
@@ -40,3 +40,14 @@ class TestSettle:
         finally:
             gc.unfreeze()
             gc.collect()
+
+    def test_the_young_generation_is_collected_less_often(self):
+        before = gc.get_threshold()
+        try:
+            gc.set_threshold(700, 10, 10)
+            settle(collect=False)
+            assert gc.get_threshold() == (YOUNG_THRESHOLD, 10, 10)
+            assert YOUNG_THRESHOLD > 700
+        finally:
+            gc.set_threshold(*before)
+            gc.unfreeze()
