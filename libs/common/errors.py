@@ -83,21 +83,32 @@ class SwitchyardError(Exception):
 
 
 class EngineError(SwitchyardError):
-    def __init__(self, kind: str, message: str, instance_id: int | None = None) -> None:
+    """`code`: the call's gRPC status, when it had one (a kind stands for several)."""
+
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        instance_id: int | None = None,
+        code: grpc.StatusCode | None = None,
+    ) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.instance_id = instance_id
+        self.code = code
 
     @classmethod
     def from_exception(
         cls, exc: BaseException, instance_id: int | None = None, connected: bool = False
     ) -> EngineError:
+        code = None
         if isinstance(exc, grpc.aio.AioRpcError):
-            message = f"{exc.code().name}: {exc.details() or ''}".rstrip(": ")
+            code = exc.code()
+            message = f"{code.name}: {exc.details() or ''}".rstrip(": ")
         else:
             message = f"{type(exc).__name__}: {exc}"
-        return cls(kind_of_exception(exc, connected), message, instance_id)
+        return cls(kind_of_exception(exc, connected), message, instance_id, code)
 
     def __repr__(self) -> str:
         return f"EngineError(kind={self.kind!r}, instance_id={self.instance_id}, {self.message!r})"

@@ -7,10 +7,12 @@ carries load records (`pushed`) is not polled while they keep coming. An engine 
 UNIMPLEMENTED is not polled again; other failures are retried at the next interval (the
 reports go stale meanwhile, and the scorers fall back to the router's own bookkeeping).
 
-One timer polls every instance at once (a new instance is polled when it appears, then on
-the shared tick): a process wake-up costs far more than a GetLoads, so N engines cost one
-wake-up per interval, not N. A poll still under way at the next tick (an engine slower than
-the interval) is not started again; a slow engine never delays the others' polls.
+Polls go over each engine client's own HTTP/2 connection (EngineClient._unary), not
+through gRPC core, which cost ~13x the CPU per poll. One timer polls every instance at once
+(a new instance is polled when it appears, then on the shared tick): a process wake-up costs
+far more than a GetLoads, so N engines cost one wake-up per interval, not N. A poll still
+under way at the next tick (an engine slower than the interval) is not started again; a slow
+engine never delays the others' polls.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 import grpc
 
 from switchyard.common.engines.base import EngineClient
+from switchyard.common.errors import EngineError
 from switchyard.protos.messages import Instance
 from switchyard.router.load import EngineLoads
 
@@ -36,7 +39,7 @@ OpenClient = Callable[[Instance], EngineClient]
 def _open(instance: Instance) -> EngineClient:
     from switchyard.common.engines.connect import client_for
 
-    return client_for(instance.protocol, instance.url, instance.instance_id)
+    return client_for(instance.protocol, instance.url, instance.instance_id, http2_streams=True)
 
 
 @dataclass(slots=True)
@@ -137,16 +140,14 @@ class LoadPoller:
         self.polls += 1
         client = target.client
         try:
-            reply = await client.stub.GetLoads(  # type: ignore[attr-defined]
-                client.proto.GetLoadsRequest(), timeout=self._timeout
-            )
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+            reply = await client.get_loads(self._timeout)
+        except EngineError as exc:
+            if exc.code == grpc.StatusCode.UNIMPLEMENTED:
                 log.info("instance_id=%d has no GetLoads: not polled", iid)
                 target.unimplemented = True
             else:
                 self.failures += 1
-                log.debug("GetLoads instance_id=%d failed: %s", iid, exc.code().name)
+                log.debug("GetLoads instance_id=%d failed: %s", iid, exc.message)
             return
         except Exception:  # retried at the next tick, as a failed call is
             self.failures += 1

@@ -90,7 +90,9 @@ class RouterService:
                 core.engine_loads,
                 load_poll_interval,
                 clock=clock,
-                open_client=lambda i: client_for(i.protocol, i.url, i.instance_id, tls),
+                open_client=lambda i: client_for(
+                    i.protocol, i.url, i.instance_id, tls, http2_streams=True
+                ),
             )
             if core.needs & Needs.ENGINE_LOAD and load_poll_interval > 0
             else None

@@ -148,7 +148,7 @@ def status_error(
     """An EngineError as grpc.aio's AioRpcError of that status becomes one; `connected`: the
     engine answered it on a live connection (errors.kind_of_status)."""
     message = f"{code.name}: {details}".rstrip(": ")
-    return EngineError(errors.kind_of_status(code, connected), message, instance_id)
+    return EngineError(errors.kind_of_status(code, connected), message, instance_id, code)
 
 
 class StreamCall:

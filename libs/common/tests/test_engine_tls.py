@@ -138,3 +138,23 @@ class TestEngineTlsFlags:
     def test_empty_server_name(self):
         with pytest.raises(ValueError):
             EngineTls(server_name=" ")
+
+    @pytest.mark.parametrize("http2_streams", [False, True])
+    async def test_unary_calls_with_mutual_tls(self, pki, http2_streams):
+        """The router's load polls (a unary call on the client's HTTP/2 streams) over TLS."""
+        async with start_mock_engine(tls_engine(pki, tls_client_ca=pki["ca"])) as engine:
+            url = f"grpcs://127.0.0.1:{engine.port}"
+            mutual = EngineTls.from_files(pki["ca"], pki["client"], pki["client_key"])
+            client = client_for("vllm", url, 1, mutual, http2_streams=http2_streams)
+            try:
+                assert len((await client.get_loads(5)).loads) >= 1
+            finally:
+                await client.close()
+            plain_ca = client_for(
+                "vllm", url, 1, EngineTls.from_files(pki["ca"]), http2_streams=http2_streams
+            )
+            try:
+                with pytest.raises(EngineError):  # no client certificate: refused
+                    await plain_ca.get_loads(5)
+            finally:
+                await plain_ca.close()

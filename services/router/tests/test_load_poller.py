@@ -3,6 +3,7 @@ rank, in the workers' EngineLoad objects."""
 
 import asyncio
 
+import grpc
 import pytest
 
 from switchyard.mock_engine.config import MockEngineConfig
@@ -44,3 +45,25 @@ async def test_reports_per_rank(protocol):
 def test_interval_must_be_positive():
     with pytest.raises(ValueError):
         LoadPoller(EngineLoads(), interval=0)
+
+
+async def test_an_engine_without_get_loads_is_polled_once():
+    server = grpc.aio.server()  # no service at all: every method answers UNIMPLEMENTED
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    instance = Instance(
+        instance_id=3,
+        url=f"grpc://127.0.0.1:{port}",
+        protocol="sglang",
+        model="m",
+        context_length=1024,
+        block_size=16,
+    )
+    poller = LoadPoller(EngineLoads(), interval=0.02)
+    try:
+        poller.apply({3: instance})
+        await asyncio.sleep(0.3)  # ~15 ticks
+    finally:
+        await poller.close()
+        await server.stop(None)
+    assert poller.polls == 1 and poller.failures == 0

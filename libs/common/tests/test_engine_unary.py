@@ -1,0 +1,114 @@
+"""Unary calls (EngineClient._unary, through get_loads) on either transport: the gRPC channel,
+or the client's own HTTP/2 streams (the router's load polls). Both give the same reply and
+fail the same ways: a status keeps its code, a silent engine is kind timeout."""
+
+import asyncio
+import contextlib
+
+import grpc
+import pytest
+from smg_grpc_proto.generated import sglang_scheduler_pb2 as spb
+from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgrpc
+
+from switchyard.common import errors
+from switchyard.common.engines.connect import client_for
+from switchyard.common.errors import EngineError
+
+pytestmark = pytest.mark.usefixtures("both_transports")
+
+
+class Loads(sgrpc.SglangSchedulerServicer):
+    def __init__(self, delay: float = 0.0, code: grpc.StatusCode | None = None) -> None:
+        self.delay = delay
+        self.code = code
+        self.calls = 0
+
+    async def GetLoads(self, request, context):
+        self.calls += 1
+        if self.code is not None:
+            await context.abort(self.code, "injected")
+        await asyncio.sleep(self.delay)
+        return spb.GetLoadsResponse(
+            dp_rank_count=2,
+            loads=[spb.SchedulerLoad(dp_rank=r, num_running_reqs=3 + r) for r in (0, 1)],
+        )
+
+
+@contextlib.asynccontextmanager
+async def engine(servicer: sgrpc.SglangSchedulerServicer):
+    server = grpc.aio.server()
+    sgrpc.add_SglangSchedulerServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    client = client_for("sglang", f"grpc://127.0.0.1:{port}", 4)
+    try:
+        yield client
+    finally:
+        await client.close()
+        await server.stop(None)
+
+
+async def test_the_reply():
+    async with engine(Loads()) as client:
+        reply = await client.get_loads(2.0)
+        again = await client.get_loads(2.0)  # the same connection, a second call
+    assert [(load.dp_rank, load.num_running_reqs) for load in reply.loads] == [(0, 3), (1, 4)]
+    assert again == reply
+    assert (await _load_of(Loads())).running == 7
+
+
+async def _load_of(servicer):
+    async with engine(servicer) as client:
+        return await client.load(2.0)
+
+
+@pytest.mark.parametrize(
+    ("code", "kind"),
+    [
+        (grpc.StatusCode.UNIMPLEMENTED, errors.BAD_REQUEST),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, errors.OVERLOADED),
+        (grpc.StatusCode.INTERNAL, errors.ENGINE_ERROR),
+    ],
+)
+async def test_a_status_keeps_its_code(code, kind):
+    async with engine(Loads(code=code)) as client:
+        with pytest.raises(EngineError) as info:
+            await client.get_loads(2.0)
+    assert info.value.code == code and info.value.kind == kind
+    assert info.value.instance_id == 4
+
+
+async def test_an_engine_without_the_method():
+    async with engine(sgrpc.SglangSchedulerServicer()) as client:
+        with pytest.raises(EngineError) as info:
+            await client.get_loads(2.0)
+    assert info.value.code == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_a_silent_engine_times_out_and_the_client_goes_on():
+    servicer = Loads(delay=5.0)
+    async with engine(servicer) as client:
+        with pytest.raises(EngineError) as info:
+            await client.get_loads(0.2)
+        assert info.value.kind == errors.TIMEOUT
+        assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        servicer.delay = 0.0
+        assert len((await client.get_loads(2.0)).loads) == 2  # the next call is answered
+
+
+async def test_no_engine_is_cannot_connect():
+    client = client_for("sglang", "grpc://127.0.0.1:1", 4)
+    try:
+        with pytest.raises(EngineError) as info:
+            await client.get_loads(2.0)
+    finally:
+        await client.close()
+    assert info.value.kind == errors.CANNOT_CONNECT
+
+
+async def test_a_closed_client_is_disconnected():
+    async with engine(Loads()) as client:
+        await client.close()
+        with pytest.raises(EngineError) as info:
+            await client.get_loads(2.0)
+    assert info.value.kind == errors.DISCONNECTED
