@@ -1,8 +1,10 @@
 """Probe one configured worker: detect its family once, then ask it for its info each cycle.
 
-The engine client (and its gRPC channel) is cached per URL: gRPC reconnects a channel by
-itself when an engine restarts, so only a change of family (the URL now answers UNIMPLEMENTED)
-drops it. `retain` closes the clients of workers that are no longer configured.
+The engine client is cached per URL. Its family is detected over a gRPC channel; the probes
+then go over the client's own HTTP/2 connection (EngineClient._unary: gRPC core's threads
+and timers cost fleet more CPU than the probes themselves). Both reconnect by themselves when
+an engine restarts, so only a change of family (the URL now answers UNIMPLEMENTED) drops
+the client. `retain` closes the clients of workers that are no longer configured.
 """
 
 from __future__ import annotations

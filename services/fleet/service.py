@@ -95,7 +95,9 @@ class FleetService:
         self._events_endpoint = events
         self._probe_interval = probe_interval
         self._watch_interval = watch_interval
-        self._prober = prober or Prober(probe_timeout, functools.partial(connect, tls=tls))
+        self._prober = prober or Prober(
+            probe_timeout, functools.partial(connect, tls=tls, http2_streams=True)
+        )
         self._context = context
         self._own_context = context is None
         self._registry = Registry(readmit_after=readmit_after)

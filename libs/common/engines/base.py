@@ -283,13 +283,20 @@ class EngineClient(abc.ABC):
             raise self._closed() from None
 
     async def health(self, timeout: float) -> bool:
-        reply = await self._rpc(self.stub.HealthCheck, self.proto.HealthCheckRequest(), timeout)
+        proto = self.proto
+        reply = await self._unary(
+            "HealthCheck", proto.HealthCheckRequest(), proto.HealthCheckResponse, timeout
+        )
         return bool(reply.healthy)
 
     async def _model_and_server_info(self, timeout: float) -> tuple[Any, Any]:
         proto = self.proto
-        model = await self._rpc(self.stub.GetModelInfo, proto.GetModelInfoRequest(), timeout)
-        server = await self._rpc(self.stub.GetServerInfo, proto.GetServerInfoRequest(), timeout)
+        model = await self._unary(
+            "GetModelInfo", proto.GetModelInfoRequest(), proto.GetModelInfoResponse, timeout
+        )
+        server = await self._unary(
+            "GetServerInfo", proto.GetServerInfoRequest(), proto.GetServerInfoResponse, timeout
+        )
         return model, server
 
     async def get_loads(self, timeout: float) -> Any:

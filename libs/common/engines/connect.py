@@ -105,10 +105,16 @@ def _tls_failure(url: str, exc: EngineError) -> EngineError:
 
 
 async def connect(
-    url: str, timeout: float = 3.0, instance_id: int | None = None, tls: EngineTls | None = None
+    url: str,
+    timeout: float = 3.0,
+    instance_id: int | None = None,
+    tls: EngineTls | None = None,
+    *,
+    http2_streams: bool = False,
 ) -> EngineClient:
     """Detect the family of the engine at `url`. Raises EngineError (cannot_connect when the
-    engine does not answer, bad_request when it speaks neither family)."""
+    engine does not answer, bad_request when it speaks neither family). `http2_streams`: the
+    client's later calls go over its own HTTP/2 connection (fleet's probes; see _unary)."""
     channel = open_channel(url, tls)
     try:
         for cls in (SglangClient, VllmClient):
@@ -119,6 +125,8 @@ async def connect(
                 if exc.kind == errors.BAD_REQUEST:  # UNIMPLEMENTED: not this family
                     continue
                 raise _tls_failure(url, exc) if is_tls(url) else exc from None
+            if http2_streams:
+                return cls(channel, instance_id, open_streams(url, tls))
             return client
     except BaseException:
         await channel.close()
