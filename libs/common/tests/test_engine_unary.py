@@ -11,8 +11,10 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2 as spb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgrpc
 
 from switchyard.common import errors
-from switchyard.common.engines.connect import client_for
+from switchyard.common.engines.connect import client_for, connect
 from switchyard.common.errors import EngineError
+from switchyard.mock_engine.config import MockEngineConfig
+from switchyard.mock_engine.server import start_mock_engine
 
 pytestmark = pytest.mark.usefixtures("both_transports")
 
@@ -112,3 +114,22 @@ async def test_a_closed_client_is_disconnected():
         with pytest.raises(EngineError) as info:
             await client.get_loads(2.0)
     assert info.value.kind == errors.DISCONNECTED
+
+
+@pytest.mark.parametrize("protocol", ["sglang", "vllm"])
+async def test_fleet_probes_on_a_mock_engine(protocol):
+    """HealthCheck, GetModelInfo and GetServerInfo (fleet's probe), and the client that
+    connect() makes for fleet, over either transport."""
+    async with start_mock_engine(MockEngineConfig(protocol=protocol, port=0)) as mock:
+        url = f"grpc://{mock.target}"
+        client = client_for(protocol, url, 4)
+        probed = await connect(url, 2.0, 4, http2_streams=True)
+        try:
+            assert await client.health(2.0)
+            info = await client.info(2.0)
+            assert info.protocol == protocol and info.context_length > 0
+            assert probed.streams is not None and probed.protocol == protocol
+            assert await probed.health(2.0) and await probed.info(2.0) == info
+        finally:
+            await client.close()
+            await probed.close()
