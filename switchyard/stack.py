@@ -59,7 +59,7 @@ from switchyard.preprocessor.auth import ADMIN_TOKEN_ENV, KEYS_ENV, keys_from_en
 from switchyard.preprocessor.cli import add_guardrail_arguments
 from switchyard.preprocessor.serving import BACKSTOP_S
 from switchyard.router.config import MODES
-from switchyard.supervisor import ChildSpec, Supervisor
+from switchyard.supervisor import ChildSpec, Supervisor, signal_wait
 
 log = logging.getLogger("switchyard.up")
 
@@ -542,7 +542,7 @@ def run(args: argparse.Namespace) -> int:
     announced = False
     code = 0
     try:
-        with tempfile.TemporaryDirectory(prefix="switchyard-up-") as folder:
+        with tempfile.TemporaryDirectory(prefix="switchyard-up-") as folder, signal_wait() as wake:
             try:
                 stack = Launcher(args, supervisor, Path(folder)).start(http_port)
             except StackFailed as exc:
@@ -566,7 +566,11 @@ def run(args: argparse.Namespace) -> int:
                 elif announced and supervisor.restarts != restarts:
                     restarts = supervisor.restarts
                     _report(args.ready_file, stack, supervisor)  # new pids
-                time.sleep(0.2)
+                if not announced:
+                    wake.wait(0.2)  # until the stack answers /ready
+                else:  # until a child exits, a restart is due, or a stop signal
+                    due = supervisor.next_restart_at()
+                    wake.wait(None if due is None else max(0.0, due - time.monotonic()))
     finally:
         supervisor.stop_all()
         if http is not None:

@@ -11,12 +11,16 @@ reports it so the caller can stop the stack.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import logging
+import select
 import signal
+import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
@@ -123,6 +127,11 @@ class Supervisor:
                 self.start(child.spec)
         return None
 
+    def next_restart_at(self) -> float | None:
+        """When the next restart of a crashed child is due (monotonic), None if none is."""
+        due = [c.restart_at for c in self.children.values() if c.restart_at is not None]
+        return min(due) if due else None
+
     def stop_all(self) -> None:
         """Stop every child, group by group: the HTTP edge first, engines last."""
         orders = sorted({c.spec.stop_order for c in self.children.values()}, reverse=True)
@@ -143,3 +152,40 @@ class Supervisor:
                     log.warning("%s did not stop in %.0fs; killing it", name, grace)
                     proc.kill()
                     proc.wait()
+
+
+class SignalWait:
+    """Sleep until a signal arrives (a child exiting: SIGCHLD; Ctrl-C; SIGTERM) or a timeout,
+    instead of waking every few hundred milliseconds to look (the stack's supervisor did,
+    0.66 ms of CPU a second while nothing happened). Signals reach it through
+    `signal.set_wakeup_fd`; the handlers already installed still run as before."""
+
+    def __init__(self, reader: socket.socket) -> None:
+        self._reader = reader
+
+    def wait(self, timeout: float | None) -> bool:
+        """True when a signal came, False when the timeout passed first."""
+        ready, _, _ = select.select([self._reader], [], [], timeout)
+        if not ready:
+            return False
+        with contextlib.suppress(BlockingIOError):
+            while self._reader.recv(512):
+                pass
+        return True
+
+
+@contextlib.contextmanager
+def signal_wait() -> Iterator[SignalWait]:
+    """Install the wake-up (and a SIGCHLD handler, so that exits wake it) for the block."""
+    reader, writer = socket.socketpair()
+    reader.setblocking(False)
+    writer.setblocking(False)
+    previous_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    previous_chld = signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
+    try:
+        yield SignalWait(reader)
+    finally:
+        signal.signal(signal.SIGCHLD, previous_chld)
+        signal.set_wakeup_fd(previous_fd)
+        reader.close()
+        writer.close()

@@ -1,7 +1,9 @@
+import os
+import signal
 import sys
 import time
 
-from switchyard.supervisor import ChildSpec, Supervisor
+from switchyard.supervisor import ChildSpec, Supervisor, signal_wait
 
 CRASH = ChildSpec("crash", [sys.executable, "-c", "import sys; sys.exit(3)"])
 SLEEP = ChildSpec("sleep", [sys.executable, "-c", "import time; time.sleep(60)"])
@@ -72,5 +74,42 @@ class TestRespec:
             sup.start(CRASH)
             sup.respec("crash", [sys.executable, "-c", f"open({str(marker)!r}, 'w')"])
             poll_until(sup, marker.exists)
+        finally:
+            sup.stop_all()
+
+
+class TestSignalWait:
+    def test_a_child_exit_wakes_it(self):
+        sup = Supervisor(restart=False)
+        with signal_wait() as wake:
+            try:
+                proc = sup.start(ChildSpec("brief", [sys.executable, "-c", "pass"]))
+                assert wake.wait(60) is True  # SIGCHLD, long before the timeout
+                assert proc.wait(timeout=10) == 0
+            finally:
+                sup.stop_all()
+
+    def test_a_stop_signal_wakes_it_and_its_handler_still_runs(self):
+        got = []
+        previous = signal.signal(signal.SIGUSR1, lambda signum, _frame: got.append(signum))
+        try:
+            with signal_wait() as wake:
+                os.kill(os.getpid(), signal.SIGUSR1)
+                assert wake.wait(60) is True
+            assert got == [signal.SIGUSR1]
+        finally:
+            signal.signal(signal.SIGUSR1, previous)
+
+    def test_nothing_happening_is_a_timeout(self):
+        with signal_wait() as wake:
+            assert wake.wait(0.05) is False
+
+    def test_the_next_restart_is_due_after_the_backoff(self):
+        sup = Supervisor(backoff=30, max_backoff=30)
+        try:
+            assert sup.next_restart_at() is None
+            sup.start(CRASH)
+            poll_until(sup, lambda: sup.next_restart_at() is not None)
+            assert sup.next_restart_at() > time.monotonic() + 20  # ~30 s away, not polled for
         finally:
             sup.stop_all()
