@@ -8,7 +8,7 @@ UNIMPLEMENTED is not polled again; other failures are retried at the next interv
 reports go stale meanwhile, and the scorers fall back to the router's own bookkeeping).
 
 Polls go over each engine client's own HTTP/2 connection (EngineClient._unary), not
-through gRPC core, which cost ~13x the CPU per poll. One timer polls every instance at once
+through gRPC core, which cost about twice the CPU per poll. One timer polls every instance at once
 (a new instance is polled when it appears, then on the shared tick): a process wake-up costs
 far more than a GetLoads, so N engines cost one wake-up per interval, not N. A poll still
 under way at the next tick (an engine slower than the interval) is not started again; a slow
