@@ -98,16 +98,6 @@ async def test_a_silent_engine_times_out_and_the_client_goes_on():
         assert len((await client.get_loads(2.0)).loads) == 2  # the next call is answered
 
 
-async def test_no_engine_is_cannot_connect():
-    client = client_for("sglang", "grpc://127.0.0.1:1", 4)
-    try:
-        with pytest.raises(EngineError) as info:
-            await client.get_loads(2.0)
-    finally:
-        await client.close()
-    assert info.value.kind == errors.CANNOT_CONNECT
-
-
 async def test_a_closed_client_is_disconnected():
     async with engine(Loads()) as client:
         await client.close()
