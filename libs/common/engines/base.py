@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import hashlib
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeAlias
 
@@ -40,6 +40,9 @@ from switchyard.protos.messages import (
 # the preprocessor's gap timeout.
 KEEPALIVE_TIME_MS = 12_000
 KEEPALIVE_TIMEOUT_MS = 4_000
+# How long an UNAVAILABLE on a READY grpc.aio channel waits for the channel to leave READY
+# before it counts as the engine's refusal (EngineClient._error): 20x the longest lag seen.
+_SETTLE_S = 0.05
 
 # Tokenizer zips and server info can be several MB; generation messages are small.
 CHANNEL_OPTIONS = [
@@ -190,25 +193,34 @@ class EngineClient(abc.ABC):
             await self.streams.close()
         await self.channel.close()
 
-    def _error(self, exc: grpc.aio.AioRpcError) -> EngineError:
+    async def _error(self, exc: grpc.aio.AioRpcError) -> EngineError:
         """A grpc.aio failure as an EngineError. An UNAVAILABLE is the engine refusing this
-        call (kind refused) when the channel is READY as the call fails, else the
-        transport's lost or never-opened connection (cannot_connect: instance down).
+        call (kind refused) when the channel stays READY, else the transport's lost or
+        never-opened connection (cannot_connect: instance down).
 
         The rule reads the channel's state, not the error's text: grpc.aio gives an
         engine's own UNAVAILABLE and one its transport made up the same code and the same
         shape of details and debug string (grpcio 1.85: "UNAVAILABLE:<details>" for both,
         no "Error received from peer" to tell them apart; a server's "Cancelling all calls"
-        as it stops is one of the engine's own). The state is read at once, on the loop,
-        in the call's failure: a refusal leaves the connection READY; a refused or failed
-        connect leaves the channel in TRANSIENT_FAILURE (or CONNECTING), and a connection
-        lost under the call (reset, GOAWAY, a server stopping, keepalive timeout) has left
-        READY (IDLE) by the time the call's error is delivered. If the channel had already
-        reconnected, the engine is answering again and not reporting it down is right."""
-        connected = (
-            exc.code() == grpc.StatusCode.UNAVAILABLE
-            and self.channel.get_state(try_to_connect=False) == grpc.ChannelConnectivity.READY
-        )
+        as it stops is one of the engine's own). A refusal leaves the connection READY; a
+        refused or failed connect leaves the channel in TRANSIENT_FAILURE (or CONNECTING);
+        a connection lost under the call (reset, GOAWAY, a server stopping, keepalive
+        timeout) takes it out of READY, but gRPC core may deliver the call's error first:
+        on a busy box 1-6% of streams cut by a killed or stopping server still saw READY,
+        for 0.1-2.3 ms. So an UNAVAILABLE on a READY channel waits up to
+        `_SETTLE_S` for the state to move before it counts as a refusal; only refusals pay
+        that wait (HTTP/2 streams, the default, read the frames' order and pay nothing). If
+        the channel had already reconnected, the engine is answering again and not
+        reporting it down is right."""
+        connected = False
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            ready = grpc.ChannelConnectivity.READY
+            connected = self.channel.get_state(try_to_connect=False) == ready
+            if connected:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(_SETTLE_S):
+                        await self.channel.wait_for_state_change(ready)
+                connected = self.channel.get_state(try_to_connect=False) == ready
         return EngineError.from_exception(exc, self.instance_id, connected)
 
     # The family's generated message module (HealthCheckRequest, GetLoadsRequest, ...): both
@@ -231,7 +243,7 @@ class EngineClient(abc.ABC):
         the call (the instance was removed) is kind `disconnected`: grpc.aio raises
         UsageError for a call on a closed channel and cancels the calls in flight, which
         must not pass for the caller's own cancellation (it once killed fleet's probe loop)."""
-        with self._engine_errors():
+        async with self._engine_errors():
             return await method(request, timeout=timeout, metadata=metadata)
 
     async def _unary(self, method: str, request: Any, reply_type: Any, timeout: float) -> Any:
@@ -267,14 +279,14 @@ class EngineClient(abc.ABC):
             raise EngineError(errors.ENGINE_ERROR, why, self.instance_id)
         return replies[0]
 
-    @contextlib.contextmanager
-    def _engine_errors(self) -> Iterator[None]:
+    @contextlib.asynccontextmanager
+    async def _engine_errors(self) -> AsyncIterator[None]:
         """gRPC's failures as EngineErrors (see `_rpc`); not on the per-token path, whose
         loops keep their own handlers to stay one generator deep."""
         try:
             yield
         except grpc.aio.AioRpcError as exc:
-            raise self._error(exc) from exc
+            raise await self._error(exc) from exc
         except grpc.aio.UsageError:
             raise self._closed() from None
         except asyncio.CancelledError:
@@ -449,7 +461,7 @@ class EngineClient(abc.ABC):
                 if complete:
                     return
         except grpc.aio.AioRpcError as exc:
-            raise self._error(exc) from exc
+            raise await self._error(exc) from exc
         except asyncio.CancelledError:
             if _caller_cancelled():
                 raise
@@ -518,7 +530,7 @@ class EngineClient(abc.ABC):
                     if complete:
                         return
         except grpc.aio.AioRpcError as exc:
-            raise self._error(exc) from exc
+            raise await self._error(exc) from exc
         except asyncio.CancelledError:
             if _caller_cancelled():
                 raise
@@ -559,7 +571,7 @@ class EngineClient(abc.ABC):
         """The engine's tokenizer zip, checked against the sha256 on its last chunk."""
         parts: list[bytes] = []
         digest = ""
-        with self._engine_errors():
+        async with self._engine_errors():
             async for chunk in self._tokenizer_call(timeout):
                 parts.append(chunk.data)
                 if chunk.sha256:
