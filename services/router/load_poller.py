@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import grpc
 
 from switchyard.common.engines.base import EngineClient
+from switchyard.common.engines.tls import EngineTls
 from switchyard.common.errors import EngineError
 from switchyard.protos.messages import Instance
 from switchyard.router.load import EngineLoads
@@ -36,10 +37,16 @@ log = logging.getLogger(__name__)
 OpenClient = Callable[[Instance], EngineClient]
 
 
-def _open(instance: Instance) -> EngineClient:
+def poll_clients(tls: EngineTls | None = None) -> OpenClient:
+    """Clients for the polls: on HTTP/2 streams, so GetLoads goes over EngineClient._unary."""
     from switchyard.common.engines.connect import client_for
 
-    return client_for(instance.protocol, instance.url, instance.instance_id, http2_streams=True)
+    def open_client(instance: Instance) -> EngineClient:
+        return client_for(
+            instance.protocol, instance.url, instance.instance_id, tls, http2_streams=True
+        )
+
+    return open_client
 
 
 @dataclass(slots=True)
@@ -56,7 +63,7 @@ class LoadPoller:
         loads: EngineLoads,
         interval: float,
         *,
-        open_client: OpenClient = _open,
+        open_client: OpenClient | None = None,
         timeout: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -64,7 +71,7 @@ class LoadPoller:
             raise ValueError(f"--load-poll-interval must be > 0, got {interval}")
         self.loads = loads
         self.interval = interval
-        self._open = open_client
+        self._open = open_client or poll_clients()
         self._timeout = timeout
         self._clock = clock
         self._targets: dict[int, _Target] = {}

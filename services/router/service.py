@@ -32,7 +32,7 @@ from switchyard.protos.messages import (
 )
 from switchyard.router.core import RouterCore
 from switchyard.router.kv.ingestor import KvIngestor, ListenerSpec
-from switchyard.router.load_poller import LoadPoller
+from switchyard.router.load_poller import LoadPoller, poll_clients
 from switchyard.router.metrics import RouterMetrics
 from switchyard.router.types import Needs, WorkerKey
 
@@ -90,9 +90,7 @@ class RouterService:
                 core.engine_loads,
                 load_poll_interval,
                 clock=clock,
-                open_client=lambda i: client_for(
-                    i.protocol, i.url, i.instance_id, tls, http2_streams=True
-                ),
+                open_client=poll_clients(tls),
             )
             if core.needs & Needs.ENGINE_LOAD and load_poll_interval > 0
             else None
