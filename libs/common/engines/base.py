@@ -220,6 +220,8 @@ class EngineClient(abc.ABC):
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(_SETTLE_S):
                         await self.channel.wait_for_state_change(ready)
+                if self.closed:  # closed meanwhile (the instance was removed)
+                    return self._closed()
                 connected = self.channel.get_state(try_to_connect=False) == ready
         return EngineError.from_exception(exc, self.instance_id, connected)
 
