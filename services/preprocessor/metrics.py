@@ -130,6 +130,10 @@ class PreprocessorMetrics:
             registry=r,
         )
 
+    def internal_error(self, stage: str) -> None:
+        """A request failed by an unforeseen exception (a bug) in `stage`."""
+        self.internal_errors.labels(stage).inc()
+
     def finished(
         self,
         model: str,

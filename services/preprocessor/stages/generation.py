@@ -220,7 +220,7 @@ class Generation:
                 *pair,
                 deps.limits.first_token_timeout,
                 state.queue,
-                deps.metrics.internal_errors.labels("prefill_hop").inc,
+                deps.metrics.internal_error,
             )
             if hop is not None:
                 hop.end()

@@ -9,6 +9,7 @@ import pytest
 
 from switchyard.common import errors
 from switchyard.preprocessor import request_ids
+from switchyard.preprocessor.prefill_hop import PREFILL_SUFFIX
 from switchyard.preprocessor.stages.context import CHAT, COMPLETIONS, Exchange
 from switchyard.preprocessor.stages.endpoints import ID_PREFIX, serve
 from switchyard.preprocessor.stages.tests.fakes import (
@@ -523,6 +524,31 @@ class TestWholeReplies:
         assert status == 200
         assert len(dispatcher.requests) == 2  # the prefill and decode legs
         assert all(r.stream for r in dispatcher.requests)
+
+    async def test_a_bug_in_a_prefill_hop_fails_the_request_and_is_counted(self, bundle):
+        """Regression: the stage wired the hop's `on_internal_error(stage)` to a Counter's
+        `inc`, which the stage name broke (TypeError): the hop's failure reply was never
+        queued and the request waited for the first-token timeout."""
+
+        class BrokenQueue:
+            async def get(self):
+                raise RuntimeError("bug")
+
+        class Dispatcher(FakeDispatcher):
+            async def open(self, request, queue=None):
+                stream = await super().open(request, queue)
+                if request.request_id.endswith(PREFILL_SUFFIX):
+                    stream.queue = BrokenQueue()  # the prefill leg's reader trips
+                return stream
+
+        d = deps(bundle, FakeRouter([1], prefill=9), Dispatcher(lambda r: None))
+        async with asyncio.timeout(10):  # far below the 60 s first-token timeout
+            status, http = await run(d, chat_body())
+        assert status == 500 and http.json()["error"]["code"] == "engine_error", http.json()
+        counted = d.metrics.registry.get_sample_value(
+            "switchyard_preprocessor_internal_errors_total", {"stage": "prefill_hop"}
+        )
+        assert counted == 1
 
     async def test_a_long_silent_whole_attempt_is_not_timed_out(self, bundle):
         """Silence is a whole attempt's normal state: it may take what a streamed attempt could
