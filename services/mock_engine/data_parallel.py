@@ -11,7 +11,7 @@ summed. With one rank this is the MockEngine itself, plus routing.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 
 from switchyard.mock_engine.distribution import Distribution
@@ -97,11 +97,11 @@ class DataParallelEngine:
     def validate(self, request: GenerationRequest) -> None:
         self.rank_for(request).validate(request)
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[Step]:
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[Step, None]:
         """Raises RequestRejected (a bad request or rank) when iterated, as MockEngine does."""
         return self._generate(request)
 
-    async def _generate(self, request: GenerationRequest) -> AsyncIterator[Step]:
+    async def _generate(self, request: GenerationRequest) -> AsyncGenerator[Step, None]:
         engine = self.rank_for(request)
         # aclosing: a consumer that stops early must end the rank's generation now (its
         # blocks unpinned), not whenever the inner generator is collected.

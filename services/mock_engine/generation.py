@@ -43,7 +43,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 
 from switchyard.mock_engine.distribution import Distribution
 from switchyard.mock_engine.errors import RequestRejected
@@ -372,7 +372,7 @@ class MockEngine:
         for wake in stepping:
             _settle(wake)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[Step]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[Step, None]:
         """Validate and run one request (raises RequestRejected before the first step)."""
         self.validate(request)
         rid = request.request_id

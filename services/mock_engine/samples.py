@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 from switchyard.mock_engine.data_parallel import DataParallelEngine
 from switchyard.mock_engine.generation import MockEngine
@@ -21,7 +21,7 @@ _DONE = object()
 
 async def run_samples(
     engine: MockEngine | DataParallelEngine, jobs: Sequence[GenerationRequest]
-) -> AsyncIterator[tuple[int, Step]]:
+) -> AsyncGenerator[tuple[int, Step], None]:
     for job in jobs:
         engine.validate(job)
     if len(jobs) == 1:

@@ -81,7 +81,7 @@ class GenerationStream:
         self,
         client: DispatcherClient,
         replica: _Replica,
-        request: GenerateRequest,
+        request: GenerateRequest | EmbedRequest,
         queue: ReplyQueue | None = None,
     ):
         self._client = client
@@ -148,7 +148,7 @@ class DispatcherClient:
         raise NoDispatcher("no dispatcher is connected")
 
     async def open(
-        self, request: GenerateRequest, queue: ReplyQueue | None = None
+        self, request: GenerateRequest | EmbedRequest, queue: ReplyQueue | None = None
     ) -> GenerationStream:
         """Start a generation on a connected replica; NoDispatcher when none is connected
         within `wait_s`."""

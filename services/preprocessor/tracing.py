@@ -89,7 +89,7 @@ class Trace:
         self._tracer = tracer
         self.root = root
 
-    def span(self, name: str, parent: Span | None = None, **attributes: Any) -> Span:
+    def span(self, name: str, parent: Span | None = None, /, **attributes: Any) -> Span:
         """A started child span of `parent` (default: the request's span)."""
         context = trace.set_span_in_context(parent if parent is not None else self.root)
         return self._tracer.start_span(name, context=context, attributes=attributes or None)

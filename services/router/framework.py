@@ -80,7 +80,8 @@ class Profile:
         self.picker = picker
         self.stats = stats if stats is not None else PluginStats()
         needs = picker.needs
-        for plugin in [*self.filters, *(s for s, _ in self.scorers)]:
+        plugins: list[Filter | Scorer] = [*self.filters, *(s for s, _ in self.scorers)]
+        for plugin in plugins:
             needs |= plugin.needs
         self.needs: Needs = needs
         self.observers: list[Observer] = [

@@ -259,6 +259,7 @@ def sink_for(ctx: RequestContext, http: HttpOut) -> Sink:
     if isinstance(req, ResponsesRequest):
         head = ResponseHead(inp.request_id, req.model, inp.created, req.shown)
         return ResponseStreamSink(http, head) if req.stream else ResponseCollectSink(http, head)
+    assert not isinstance(req, EmbeddingRequest)  # embeddings take the embed stage
     chat = inp.endpoint == CHAT
     if req.stream:
         frames = (sse.ChatStream if chat else sse.CompletionStream)(

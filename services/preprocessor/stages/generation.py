@@ -469,7 +469,7 @@ class Generation:
         try:
             await self.start(failure)
         except BaseException as exc:
-            if span is not None:
+            if trace is not None and span is not None:
                 trace.fail(span, type(exc).__name__, str(exc))
             raise
         if span is not None:

@@ -25,6 +25,7 @@ from switchyard.preprocessor.errors import (
 from switchyard.preprocessor.openai_requests import (
     ChatCompletionRequest,
     CompletionRequest,
+    EmbeddingRequest,
     SamplingOptions,
     check_context,
     check_max_tokens,
@@ -177,6 +178,7 @@ def check(ctx: RequestContext) -> None:
     state = ctx.state
     assert state.entry is not None and state.tokenizer is not None
     req = ctx.inp.request
+    assert not isinstance(req, EmbeddingRequest)  # embeddings take the embed stage
     opts = req.sampling
     batch = len(state.prompt_ids) > 1
     max_tokens = min(

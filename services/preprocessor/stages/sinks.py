@@ -177,7 +177,7 @@ class StreamSink(SseBody):
             if self._calls:
                 delta["tool_calls"] = [call.to_openai() for call in self._calls]
             lp = {"content": self._lp} if self._lp is not None else None
-            self._out.append(self._frames.chunk(at, delta, lp))  # type: ignore[call-arg]
+            self._out.append(self._frames.chunk(at, delta, lp))  # type: ignore[call-arg, arg-type]
         else:
             self._out.append(self._frames.chunk(at, content, self._lp))  # type: ignore[arg-type]
         text.clear()

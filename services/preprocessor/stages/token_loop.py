@@ -114,8 +114,8 @@ async def stream(ctx: RequestContext, sink: Sink) -> None:
                 if end is not None:
                     raise end  # past the deadline, or shut down: the engine requests abort
                 if queue.empty():
-                    for gen in watchdog.overdue():
-                        await gen.fail(gen.silent(watchdog.timeout(gen)))
+                    for late in watchdog.overdue():
+                        await late.fail(late.silent(watchdog.timeout(late)))
                     watchdog.arm()
                     continue
             if queue.empty():

@@ -128,7 +128,7 @@ def decode_payload_packed(payload: bytes) -> DecodedBatch:
     try:
         for record in batch.records:
             if record.KIND == STORED:
-                check_token_cells(record.token_ids)  # type: ignore[attr-defined]
+                check_token_cells(record.token_ids)  # type: ignore[union-attr, arg-type]
     except (TypeError, ValueError):  # a cell _token refuses: the lenient path skips the event
         return _decode_lenient(payload)
     return batch

@@ -100,8 +100,8 @@ _DONE, _ALIASES, _KNOWN = 0, 1, 2  # what store_new did
 def _store_new(
     own_of: dict[EngineHash, int],
     masks: dict[int, int],
-    engine_hashes: list[EngineHash],
-    owns: list[int],
+    engine_hashes: Sequence[EngineHash],
+    owns: Sequence[int],
     bit: int,
 ) -> int:
     """A store's common case, as bulk dict operations. _KNOWN: an engine hash is held
@@ -118,7 +118,10 @@ def _store_new(
 
 
 def _remove_plain(
-    own_of: dict[EngineHash, int], masks: dict[int, int], engine_hashes: list[EngineHash], keep: int
+    own_of: dict[EngineHash, int],
+    masks: dict[int, int],
+    engine_hashes: Sequence[EngineHash],
+    keep: int,
 ) -> None:
     """A removal's common case (each engine hash one block of its own content: no copies, no
     aliases): pop the engine hashes, clear the worker's bit (`keep`: its complement) from
@@ -372,7 +375,7 @@ class KvIndex:
         if n == 0:
             return
         packed = type(tokens) is Raw  # StoredPacked: the msgpack array, hashed from there
-        count = token_count(tokens) if packed else len(tokens)
+        count = token_count(tokens) if packed else len(tokens)  # type: ignore[arg-type]
         size = record.block_size or count // n
         if size <= 0 or count != n * size:
             counters.malformed_stored += 1
@@ -390,7 +393,7 @@ class KvIndex:
             parent = found
         try:
             if packed:
-                owns = msgpack_block_hashes(tokens, size, parent)
+                owns = msgpack_block_hashes(tokens, size, parent)  # type: ignore[arg-type]
             else:
                 owns = block_hashes(tokens, size, parent)
         except (TypeError, ValueError):  # token ids that are not u32

@@ -298,16 +298,16 @@ class KvIngestor:
             if self._open_client is None:  # source_spec gives "grpc" only with a factory
                 return
             on_load = self._on_load
-            source = GrpcKvSource(
+            grpc_source = GrpcKvSource(
                 iid,
                 self._open_client(instance),
                 self.index,
                 self.counters,
                 on_load=(lambda rank, load: on_load((iid, rank), load)) if on_load else None,
             )
-            source.on_contact = contact
-            running.grpc = source
-            running.tasks.append(loop.create_task(self._follow(iid, source), name=f"kv:{iid}"))
+            grpc_source.on_contact = contact
+            running.grpc = grpc_source
+            running.tasks.append(loop.create_task(self._follow(iid, grpc_source), name=f"kv:{iid}"))
             return
         for rank in range(spec.ranks):
             key = (iid, rank)
