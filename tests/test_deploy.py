@@ -83,7 +83,7 @@ def test_compose_commands_parse_and_wire_up(stack: str, parser: argparse.Argumen
     subcommands = sorted(args.command for args in commands.values())
     for required in SWITCHYARD_SERVICES:
         assert required in subcommands, f"{stack}: no {required} service"
-    assert subcommands.count("fleet") == 1, f"{stack}: run exactly one fleet (see README)"
+    assert subcommands.count("fleet") == 1, f"{stack}: run exactly one fleet (see docs/deploy.md)"
     protocols = sorted(a.protocol for a in commands.values() if a.command == "mock-engine")
     assert protocols == ["sglang", "vllm"], f"{stack}: mock engines {protocols}"
     check_wiring(stack, commands)

@@ -1,7 +1,7 @@
 """Prometheus exposition shared by the services: each service builds its own registry (no
 global singleton) and serves it on --metrics-host/--metrics-port.
 
-Each service has a known default port (see DEFAULT_PORTS and README's table): fleet 7190,
+Each service has a known default port (see DEFAULT_PORTS and docs/operating.md's table): fleet 7190,
 router 7290, dispatcher 7390 (their ZMQ ports + 90); the preprocessor serves GET /metrics on
 its HTTP port as well. A default port that is taken (several services of one kind on a host)
 is replaced by a free one of --port-range, with a warning and in the ready file; a port given

@@ -1,6 +1,6 @@
 """The preprocessor's Prometheus metrics, served on its HTTP port at GET /metrics.
 
-Label sets are fixed (README's metrics table): `model` is a model some engine serves (""
+Label sets are fixed (docs/operating.md's metrics table): `model` is a model some engine serves (""
 for a request that named none: an unknown model or a body that did not parse), `endpoint`
 one of the API's routes, `status` an HTTP status, `code` one of the stable error codes,
 `kind` one of the engine fault kinds, `outcome` one of PREDICTION_OUTCOMES. Nothing takes a

@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--routing-config",
         default=None,
         help="YAML or JSON file: profiles of filters, weighted scorers and a picker, time "
-        "model and bookings (see the router README)",
+        "model and bookings (docs/routing.md)",
     )
     group = parser.add_argument_group("time model")
     defaults = TimeParams()

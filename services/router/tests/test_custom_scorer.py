@@ -1,4 +1,4 @@
-"""Adding a scorer is one class and one registration line (the router README's example)."""
+"""Adding a scorer is one class and one registration line (docs/routing.md's example)."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass
