@@ -1,8 +1,8 @@
 """What an operator sees, through a real stack (`switchyard up --log-format json` over two mock
 engines serving two models, tracing to an in-process OTLP collector): X-Request-Id from the
 client to the engine, one access line per request, metrics by model and worker URL, every
-dashboard query's metric exported, and one trace per request with the named spans whose
-context reaches the engine."""
+dashboard query's metric exported, every exported metric documented, and one trace per
+request with the named spans whose context reaches the engine."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import grpc
 import httpx
 import openai
 import pytest
+from docs_index import metrics_message, undocumented_metrics
 from e2e_stack import Processes, running_stack, wait_until
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
@@ -249,6 +250,17 @@ class TestMetrics:
         wanted = grafana.families(grafana.load())
         assert wanted, "the dashboard reads no metric"
         assert sorted(wanted - exported) == []
+
+    def test_every_exported_metric_is_documented(self, stack):
+        missing: set[str] = set()
+        where = []
+        for name, port in metrics_ports(stack).items():
+            families = {f for f in scrape(port) if f.startswith("switchyard_")}
+            assert families, name
+            if undocumented := undocumented_metrics(families):
+                missing.update(undocumented)
+                where.append(name)
+        assert not missing, metrics_message(sorted(missing), ", ".join(where))
 
 
 class TestTracing:
