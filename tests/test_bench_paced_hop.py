@@ -1,6 +1,7 @@
 """Smoke test of bench/paced_hop.py: a few messages through every relay variant, in both
 output forms, and its refusal of an unknown variant. No timed assertions: the numbers are
-only checked to be there and to be measurements (positive, finite)."""
+only checked to be there and to be measurements: CPU positive, wake-ups finite and not
+negative (a relay that never sleeps between messages, on a loaded machine, wakes 0 times)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def test_json_has_both_numbers_of_every_variant() -> None:
     for variant, got in results.items():
         assert set(got) == FIELDS, variant
         for field, value in got.items():
-            assert math.isfinite(value) and value > 0, (variant, field, value)
+            assert math.isfinite(value) and value >= 0, (variant, field, value)
+        assert got["cpu_us_per_msg"] > 0, variant
 
 
 def test_the_table_has_a_row_of_numbers_per_variant() -> None:
@@ -34,7 +36,7 @@ def test_the_table_has_a_row_of_numbers_per_variant() -> None:
     rows = re.findall(r"^\| ([a-z-]+) \| ([0-9.]+) \| ([0-9.]+) \|$", out, re.MULTILINE)
     assert [row[0] for row in rows] == ["tcp-tcp", "zmq-tcp"], out
     for variant, cpu_us, wakeups in rows:
-        assert float(cpu_us) > 0 and float(wakeups) > 0, (variant, cpu_us, wakeups)
+        assert float(cpu_us) > 0 and float(wakeups) >= 0, (variant, cpu_us, wakeups)
 
 
 def test_an_unknown_variant_is_a_usage_error() -> None:
