@@ -164,9 +164,10 @@ class _PlainReplies:
 class EngineClient(abc.ABC):
     """One engine behind one gRPC channel. Methods raise EngineError with a kind.
 
-    With `streams` (http2.Http2Streams), Generate streams go over the loop's own HTTP/2
-    connection instead of the channel (the dispatcher's per-token path); every other call
-    stays on the channel."""
+    With `streams` (http2.Http2Streams), Generate streams (the dispatcher's per-token
+    path) and the unary calls HealthCheck, GetModelInfo, GetServerInfo and GetLoads go over
+    the loop's own HTTP/2 connection instead of the channel; Abort, Embed and GetTokenizer
+    stay on the channel."""
 
     protocol: ClassVar[str]
     service_name: ClassVar[str]

@@ -1,12 +1,14 @@
-"""Server-streaming gRPC calls (Generate) over HTTP/2 on the event loop's own socket.
+"""gRPC calls over HTTP/2 on the event loop's own socket: Generate streams, and unary calls
+as streams of one reply.
 
 grpc.aio hands every message of a stream from gRPC core's poller thread to the loop and
 through several Python layers; at the dispatcher's rate (a message per token per stream) that
-was its largest cost. This client speaks the same wire, gRPC over HTTP/2 (RFC 9113, and
-gRPC's PROTOCOL-HTTP2), for that one kind of call, on an asyncio Protocol: one wake-up per
-read, every frame of the read parsed in one pass, each message decoded straight into the
-family's protobuf (`bench/hops.py grpc`, variant `http2` against `aio-noee`). Unary calls
-(Abort, health, ...) stay on the grpc.aio channel.
+is its largest cost. This client speaks the same wire, gRPC over HTTP/2 (RFC 9113, and
+gRPC's PROTOCOL-HTTP2), on an asyncio Protocol: one wake-up per read, every frame of the read
+parsed in one pass, each message decoded straight into the family's protobuf
+(docs/benchmarks.md, "Engine connections"). EngineClient sends Generate and its
+HealthCheck, GetModelInfo, GetServerInfo and GetLoads calls this way; Abort, Embed and
+GetTokenizer stay on the grpc.aio channel.
 
 What it does of HTTP/2:
 - one connection per engine, opened by the first call, shared by every stream; a connection
