@@ -53,6 +53,13 @@ def links(path: Path) -> list[str]:
     return _LINK.findall(_prose(path.read_text()))
 
 
+_DOC_REF = re.compile(r"docs/([a-z0-9-]+\.md)(?:'s)?(?:,\s+\"([^\"]{1,80})\")?")
+
+
+def _slug(heading: str) -> str:
+    return re.sub(r"[^\w\- ]", "", " ".join(heading.lower().split())).replace(" ", "-")
+
+
 def anchors(path: Path) -> set[str]:
     """GitHub's heading anchors: lower case, punctuation dropped, spaces to dashes; a repeated
     heading gets -1, -2, ..."""
@@ -60,7 +67,7 @@ def anchors(path: Path) -> set[str]:
     out = set()
     text = re.sub(r"^(```|~~~).*?^\1", "", path.read_text(), flags=re.M | re.S)
     for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*\s*$", text, flags=re.M):
-        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        slug = _slug(heading)
         n = seen.get(slug, 0)
         seen[slug] = n + 1
         out.add(slug if n == 0 else f"{slug}-{n}")
@@ -117,6 +124,22 @@ class TestLinks:
                 elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
                     broken.append(f"{where}: no heading with anchor #{anchor}")
         assert not broken, "broken links in the docs:\n" + "\n".join(broken)
+
+    def test_code_that_names_a_doc_names_one_that_exists(self):
+        """Docstrings, comments and help text point at docs as `docs/NAME.md` (optionally
+        `docs/NAME.md, "Heading"`): the file and the heading exist."""
+        broken = []
+        for path in sorted(ROOT.glob("*/**/*.py")):
+            if {".venv", ".venv-tools", "build"} & set(path.relative_to(ROOT).parts):
+                continue
+            for file, heading in _DOC_REF.findall(path.read_text()):
+                doc = DOCS / file
+                where = f"{path.relative_to(ROOT)}: docs/{file}"
+                if not doc.exists():
+                    broken.append(f"{where}: no such file")
+                elif heading and _slug(heading) not in anchors(doc):
+                    broken.append(f'{where}, "{heading}": no such heading')
+        assert not broken, "code points at docs that are not there:\n" + "\n".join(broken)
 
     def test_the_anchor_rule_matches_githubs(self, tmp_path):
         doc = tmp_path / "a.md"
