@@ -36,12 +36,9 @@ CONFIG = "config"
 # The gRPC core settings of the commands that dial engines, set before grpc is first imported
 # (an operator's own value wins). `-event_engine_client` puts client channels on gRPC's
 # iomgr poller, which reads in the thread that waits for the replies; the EventEngine client
-# hands each message across three of its threads first. Measured: on Generate streams 0.45x
-# the wake-ups and 0.75-0.80x the CPU per message (bench/hops.py grpc, variant aio-noee); idle,
-# fleet and router wake 0.5-0.7x as often; on a quiet box, load.py --with-smg with it (two
-# runs) against without (two runs, alternating): gateway CPU per request 2.15-2.74x smg's vs
-# 3.23-3.92x at concurrency 32 and 128, throughput 0.85-1.06x vs 0.53-0.87x. The mock engine,
-# a server, keeps the defaults.
+# hands each message across three of its threads first (fewer wake-ups and less CPU per
+# message: docs/benchmarks.md, "gRPC client settings"). The mock engine, a server, keeps the
+# defaults.
 GRPC_CLIENT_ENV = {"GRPC_EXPERIMENTS": "-event_engine_client"}
 GRPC_CLIENTS = frozenset({"fleet", "router", "dispatcher", "preprocessor", "kv-proxy"})
 

@@ -156,9 +156,9 @@ class Supervisor:
 
 class SignalWait:
     """Sleep until a signal arrives (a child exiting: SIGCHLD; Ctrl-C; SIGTERM) or a timeout,
-    instead of waking every few hundred milliseconds to look (the stack's supervisor did,
-    0.66 ms of CPU a second while nothing happened). Signals reach it through
-    `signal.set_wakeup_fd`; the handlers already installed still run as before."""
+    instead of waking every few hundred milliseconds to look, which an idle stack would pay
+    for in CPU. Signals reach it through `signal.set_wakeup_fd`; the handlers already
+    installed still run as before."""
 
     def __init__(self, reader: socket.socket) -> None:
         self._reader = reader

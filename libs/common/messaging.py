@@ -75,8 +75,7 @@ def decode_routed(
 
 # pyzmq's Cython socket, under its Python layer (zmq.Socket): for plain bytes frames with copy
 # on, its calls do the same as the Python ones (send_multipart, recv_multipart, the EVENTS
-# attribute) for several microseconds less per message (bench/hops.py zmq: tcp-loop-1 against
-# tcp-sugar-1, 0.6-0.8x the CPU per message).
+# attribute) for less CPU per message (docs/benchmarks.md, "ZMQ between processes").
 _get = zmq.backend.Socket.get
 _recv = zmq.backend.Socket.recv
 _send = zmq.backend.Socket.send

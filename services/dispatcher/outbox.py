@@ -7,13 +7,11 @@ here and fewer wake-ups and reads in the preprocessor.
 
 When the flush runs: an engine's decode step gives every running request its next token at
 once, but the step's replies reach the dispatcher spread over a fraction of a millisecond (the
-engine writes each stream on its own), so flushing on the next loop iteration alone sent about
-three replies per message. After a flush, the next one waits until `window` seconds have
-passed since it; an idle dispatcher (the last flush longer ago than that) flushes on the next
-iteration, so a lone stream's tokens, which come an inter-token latency apart, wait for
-nothing. Measured with bench/hotspots.py (2 mock engines, 16 tokens per request; a 0.5 ms
-window against none): replies per message 2.9 -> 12.2 at concurrency 128 and 3.0 -> 6.5 at 32,
-the preprocessor's wake-ups per request 8.0 -> 3.6 at 128.
+engine writes each stream on its own), so flushing on the next loop iteration alone sends
+only a few replies per message. After a flush, the next one waits until `window` seconds
+have passed since it; an idle dispatcher (the last flush longer ago than that) flushes on the
+next iteration, so a lone stream's tokens, which come an inter-token latency apart, wait for
+nothing. What the window gains: docs/benchmarks.md, "Reply batching".
 """
 
 from __future__ import annotations

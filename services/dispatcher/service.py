@@ -44,8 +44,8 @@ log = logging.getLogger(__name__)
 # still run, and its streams that wait for their first token go with them.
 DEFAULT_STALL_TIMEOUT = 4.0
 DEFAULT_SHUTDOWN_GRACE = 30.0
-# How Generate streams reach engines: the loop's own HTTP/2 connection (engines/http2.py: about
-# half the CPU per token of grpc.aio, bench/hops.py grpc) or the grpc.aio channel.
+# How Generate streams reach engines: the loop's own HTTP/2 connection (engines/http2.py: less
+# CPU per token than grpc.aio, docs/benchmarks.md) or the grpc.aio channel.
 ENGINE_STREAMS_HTTP2 = "http2"
 ENGINE_STREAMS = (ENGINE_STREAMS_HTTP2, "grpc")
 # Under load, replies to a preprocessor go at most once per this many seconds (see Outbox).

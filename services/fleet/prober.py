@@ -1,8 +1,8 @@
 """Probe one configured worker: detect its family once, then ask it for its info each cycle.
 
 The engine client is cached per URL. Its family is detected over a gRPC channel; the probes
-then go over the client's own HTTP/2 connection (EngineClient._unary; an idle fleet probing
-two engines used 2.2-2.3 ms of CPU a second through gRPC core, 1.6-1.7 this way). Both
+then go over the client's own HTTP/2 connection (EngineClient._unary: less CPU than gRPC
+core's threads and timers; docs/benchmarks.md, "Engine connections"). Both
 reconnect by themselves when an engine restarts, so only a change of family (the URL now
 answers UNIMPLEMENTED) drops the client. `retain` closes the clients of workers that are no
 longer configured.

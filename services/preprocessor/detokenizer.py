@@ -4,12 +4,12 @@ For byte-level BPE tokenizers (GPT-2's scheme: DeepSeek, Llama 3, Qwen) decoding
 concatenation of the tokens' bytes: a `ByteTable` holds each token's bytes (built and checked
 against the tokenizer's own decode once per tokenizer) and a stream is Python's incremental
 UTF-8 decoder over them, which holds back an incomplete last character by itself (a third of
-DecodeStream's cost: 0.45 vs 1.38 us per token over DeepSeek streams of ~1000 tokens, the same
-text). Other tokenizers use the tokenizers library's `DecodeStream` (the prefix/read-offset
-technique of vLLM and TGI, done in Rust: about 4x cheaper per token than decoding a window
-from Python). Either way, text whose last character is still incomplete (its UTF-8 bytes split
-over tokens that have not all arrived) is held back until it completes; `flush` releases
-whatever is held at the end of a stream, an incomplete character decoding as U+FFFD.
+DecodeStream's cost per token: docs/benchmarks.md, "Detokenization"). Other tokenizers use
+the tokenizers library's `DecodeStream` (the prefix/read-offset technique of vLLM and TGI,
+done in Rust: cheaper per token than decoding a window from Python). Either way, text
+whose last character is still incomplete (its UTF-8 bytes split over tokens that have not
+all arrived) is held back until it completes; `flush` releases whatever is held at the end
+of a stream, an incomplete character decoding as U+FFFD.
 
 With DecodeStream, the prompt's last few ids seed the stream as context only (decoders that
 drop a leading space, such as SentencePiece's, then keep it on the first output token); a

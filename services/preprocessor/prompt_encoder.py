@@ -175,8 +175,8 @@ class PromptEncoder:
     def _encode_checked(self, texts: list[str], budget: int) -> list[list[int]]:
         """encode_batch_fast, after refusing a text whose prefix alone is over the budget (the
         PromptTooLong counts this text's tokens only). The fast variant computes no character
-        offsets, which nothing here reads: the same ids for 18% (a 66-token prompt) to 27% (a
-        25k-token one) less CPU; it releases the GIL as encode_batch does."""
+        offsets, which nothing here reads: the same ids for less CPU (docs/benchmarks.md,
+        "Tokenization"); it releases the GIL as encode_batch does."""
         for text in texts:
             self._check_prefixes(text, budget)
         return [e.ids for e in self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)]

@@ -33,8 +33,9 @@ MODEL_CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 TEMPLATE_FILE = "chat_template.jinja"
 MAX_UNZIPPED_BYTES = 1 << 30
-# Texts from this length on are tokenized off the event loop (~0.5 ms of encoding here; a
-# 190k-character prompt takes ~60 ms, during which an inline encode stalls every stream).
+# Texts from this length on are tokenized off the event loop: an inline encode holds the loop,
+# and every stream on it, for as long as it takes, which grows with the text (a long prompt's:
+# tens of milliseconds; docs/benchmarks.md, "Tokenization").
 OFFLOAD_CHARS = 2048
 
 

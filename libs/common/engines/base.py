@@ -41,7 +41,8 @@ from switchyard.protos.messages import (
 KEEPALIVE_TIME_MS = 12_000
 KEEPALIVE_TIMEOUT_MS = 4_000
 # How long an UNAVAILABLE on a READY grpc.aio channel waits for the channel to leave READY
-# before it counts as the engine's refusal (EngineClient._error): 20x the longest lag seen.
+# before it counts as the engine's refusal (EngineClient._error): well over the lag between
+# the two that gRPC core shows under load (docs/benchmarks.md, "Fault classification").
 _SETTLE_S = 0.05
 
 # Tokenizer zips and server info can be several MB; generation messages are small.
@@ -206,9 +207,9 @@ class EngineClient(abc.ABC):
         as it stops is one of the engine's own). A refusal leaves the connection READY; a
         refused or failed connect leaves the channel in TRANSIENT_FAILURE (or CONNECTING);
         a connection lost under the call (reset, GOAWAY, a server stopping, keepalive
-        timeout) takes it out of READY, but gRPC core may deliver the call's error first:
-        on a busy box 1-6% of streams cut by a killed or stopping server still saw READY,
-        for 0.1-2.3 ms. So an UNAVAILABLE on a READY channel waits up to
+        timeout) takes it out of READY, but gRPC core may deliver the call's error first,
+        on a busy box a few milliseconds before the state moves. So an UNAVAILABLE on a
+        READY channel waits up to
         `_SETTLE_S` for the state to move before it counts as a refusal; only refusals pay
         that wait (HTTP/2 streams, the default, read the frames' order and pay nothing). If
         the channel had already reconnected, the engine is answering again and not
@@ -245,16 +246,17 @@ class EngineClient(abc.ABC):
         """One unary call; every way it can fail is an EngineError. A channel closed under
         the call (the instance was removed) is kind `disconnected`: grpc.aio raises
         UsageError for a call on a closed channel and cancels the calls in flight, which
-        must not pass for the caller's own cancellation (it once killed fleet's probe loop)."""
+        must not pass for the caller's own cancellation (that would end the caller's loop,
+        fleet's probes for one)."""
         async with self._engine_errors():
             return await method(request, timeout=timeout, metadata=metadata)
 
     async def _unary(self, method: str, request: Any, reply_type: Any, timeout: float) -> Any:
         """One unary call of `method`. A client with HTTP/2 streams makes it on that
         connection, a stream with one reply, and not through gRPC core, whose threads and
-        timers cost more than the call: an idle router polling two engines twice a second
-        used 3.1-3.6 ms of CPU a second over gRPC core, 1.9-2.2 this way (0.8 with no polls).
-        Fails as `_rpc` does: EngineErrors, timeouts as kind timeout."""
+        timers cost more than the call (an idle router's load polls, fleet's probes:
+        docs/benchmarks.md, "Engine connections"). Fails as `_rpc` does: EngineErrors,
+        timeouts as kind timeout."""
         streams = self.streams
         if streams is None:
             return await self._rpc(getattr(self.stub, method), request, timeout)
