@@ -4,9 +4,10 @@ Client keys come from `--api-key` (repeatable), the environment (`SWITCHYARD_API
 separated by commas or whitespace) and a keys file (`--api-keys-file`: one key per line, `#`
 comments), which is re-read when it changes (checked every second; a file that cannot be read
 keeps the last good keys). Any of them configured turns authentication on, a keys file even
-while it is empty. Every /v1 route then needs `Authorization: Bearer <key>`, checked before
-the body is read; anything else is a 401 with an OpenAI-shaped body. Keys are held as SHA-256
-digests and never logged.
+while it is empty. Every /v1 route (and vLLM's /tokenize, /detokenize) then needs
+`Authorization: Bearer <key>` or `x-api-key: <key>` (the Anthropic SDK's header), checked
+before the body is read; anything else is a 401. Keys are held as SHA-256 digests and never
+logged.
 
 The operator's routes (/ready, /metrics, /debug/*, /admin/*) need `--admin-token` on the API
 port, or are served without it on the admin listener (`--admin-port`, bound to loopback by
@@ -34,6 +35,7 @@ ADMIN_TOKEN_ENV = "SWITCHYARD_ADMIN_TOKEN"
 RELOAD_INTERVAL_S = 1.0
 ADMIN_PREFIXES = ("/debug/", "/admin/")
 OPEN_PATHS = ("/health",)
+CLIENT_PATHS = ("/tokenize", "/detokenize")  # vLLM's, outside /v1: client keys as for /v1
 
 
 def digest(key: str | bytes) -> bytes:
@@ -66,6 +68,24 @@ def bearer(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
     return None
 
 
+def client_key(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
+    """The client's key: `Authorization: Bearer <key>`, else `x-api-key: <key>` (the
+    Anthropic SDK's header)."""
+    token = None
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, rest = value.strip().partition(b" ")
+            if scheme.lower() == b"bearer" and rest.strip():
+                return rest.strip()
+        elif name == b"x-api-key" and value.strip():
+            token = value.strip()
+    return token
+
+
+def is_client_path(path: str) -> bool:
+    return path.startswith("/v1/") or path in CLIENT_PATHS
+
+
 def is_admin_path(path: str) -> bool:
     return path == "/ready" or path == "/metrics" or path.startswith(ADMIN_PREFIXES)
 
@@ -94,7 +114,9 @@ class KeyRing:
     def check(self, token: bytes | None) -> bytes:
         """The key's digest (its identity for per-key limits); AuthenticationError else."""
         if token is None:
-            raise AuthenticationError("Missing API key: send it as `Authorization: Bearer <key>`.")
+            raise AuthenticationError(
+                "Missing API key: send it as `Authorization: Bearer <key>` (or `x-api-key`)."
+            )
         key = digest(token)
         if key not in self._keys:
             raise AuthenticationError("Incorrect API key provided.")
@@ -157,7 +179,7 @@ class Access:
         """A /v1 request: the key's digest (None when auth is off). AuthenticationError."""
         if not self.keys.enabled:
             return None
-        return self.keys.check(bearer(headers))
+        return self.keys.check(client_key(headers))
 
     def admin(self, headers: Iterable[tuple[bytes, bytes]]) -> None:
         """An operator route on the API port. AuthenticationError."""

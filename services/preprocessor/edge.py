@@ -29,20 +29,24 @@ from fastapi import FastAPI
 from switchyard.preprocessor import request_ids
 from switchyard.preprocessor.access_log import CLIENT_GONE, AccessLog, request_fields
 from switchyard.preprocessor.admission import Admission
-from switchyard.preprocessor.auth import OPEN_PATHS, Access, KeyRing, is_admin_path
+from switchyard.preprocessor.auth import OPEN_PATHS, Access, KeyRing, is_admin_path, is_client_path
 from switchyard.preprocessor.errors import (
     INVALID_REQUEST,
     AuthenticationError,
     RateLimitError,
     RequestError,
+    as_request_error,
     error_body,
 )
+from switchyard.preprocessor.local_endpoints import LOCAL
 from switchyard.preprocessor.stages.context import (
     CHAT,
     COMPLETIONS,
+    DETOKENIZE,
     EMBEDDINGS,
     RESPONSES,
     SESSION_HEADER,
+    TOKENIZE,
     Deps,
     Exchange,
 )
@@ -60,6 +64,14 @@ GENERATION_PATHS = {
     "/v1/embeddings": EMBEDDINGS,
     "/v1/responses": RESPONSES,
 }
+# Answered without an engine (local_endpoints): no admission slot, no deadline.
+LOCAL_PATHS = {
+    "/v1/tokenize": TOKENIZE,
+    "/tokenize": TOKENIZE,  # vLLM's paths
+    "/v1/detokenize": DETOKENIZE,
+    "/detokenize": DETOKENIZE,
+}
+LOCAL_ID_PREFIX = {TOKENIZE: "tokenize-", DETOKENIZE: "tokenize-"}
 STREAM_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
@@ -181,7 +193,7 @@ class Edge:
             return
         key = None
         try:
-            if path.startswith("/v1/"):
+            if is_client_path(path):
                 key = access.client(scope["headers"])
             elif is_admin_path(path):
                 access.admin(scope["headers"])
@@ -191,7 +203,13 @@ class Edge:
             return
         endpoint = GENERATION_PATHS.get(path)
         if endpoint is None:
-            await self.app(scope, receive, send)
+            local = LOCAL_PATHS.get(path)
+            if local is None:
+                await self.app(scope, receive, send)
+            elif scope["method"] == "POST":
+                await self._local(local, scope, receive, send)
+            else:
+                await respond_method_not_allowed(send, scope["method"], path)
         elif scope["method"] == "POST":
             await self._generate(endpoint, key, scope, receive, send)
         else:  # FastAPI knows no route here and would say 404
@@ -269,6 +287,32 @@ class Edge:
             if exchange.ctx is not None:
                 exchange.ctx.release()
 
+    async def _local(self, endpoint: str, scope: Scope, receive: Receive, send: Send) -> None:
+        """An endpoint answered here (local_endpoints): body, answer, access line."""
+        deps = self.deps
+        assert deps is not None
+        exchange, refused = _exchange(endpoint, scope, deps, LOCAL_ID_PREFIX[endpoint])
+        http = AsgiOut(send, exchange.request_id)
+        status = CLIENT_GONE
+        try:
+            if refused is not None:
+                raise refused
+            body = await self._body(receive)
+            answer = await LOCAL[endpoint](deps, body, exchange)
+            status = 200
+            await http.respond(200, answer)
+        except ClientGone:
+            pass
+        except Exception as exc:
+            err = as_request_error(exc)
+            exchange.error = err.code
+            status = err.status
+            await http.respond(err.status, err.body(), error_headers(err))
+        finally:
+            _account(deps, endpoint, exchange, status)
+            if self.access_log is not None:
+                self.access_log.write("POST", exchange, status)
+
     async def _body(self, receive: Receive) -> bytes:
         parts: list[bytes] = []
         size = 0
@@ -290,7 +334,9 @@ class Edge:
                 return b"".join(parts)
 
 
-def _exchange(endpoint: str, scope: Scope, deps: Deps) -> tuple[Exchange, RequestError | None]:
+def _exchange(
+    endpoint: str, scope: Scope, deps: Deps, prefix: str | None = None
+) -> tuple[Exchange, RequestError | None]:
     """The request's ids (X-Request-Id or minted) and trace; the error of a bad header."""
     header = traceparent = session = None
     refused: RequestError | None = None
@@ -311,7 +357,7 @@ def _exchange(endpoint: str, scope: Scope, deps: Deps) -> tuple[Exchange, Reques
         except RequestError as exc:
             refused = exc
     if exchange is None:
-        exchange = Exchange(scope["path"], request_ids.mint(ID_PREFIX[endpoint]))
+        exchange = Exchange(scope["path"], request_ids.mint(prefix or ID_PREFIX[endpoint]))
     if session:
         exchange.session_id = bytes(session).decode("latin-1")
     if deps.tracing is not None:

@@ -133,39 +133,77 @@ def parse_embeddings(body: bytes) -> EmbeddingRequest:
     )
 
 
-def parse_chat_completion(body: bytes) -> ChatCompletionRequest:
-    raw: schema.ChatCompletionBody = _decode(schema.CHAT_DECODER, body)
-    for i, message in enumerate(raw.messages):
+@dataclass(frozen=True, slots=True)
+class ChatPrompt:
+    """What a chat prompt is rendered from (chat completions, and /tokenize's messages)."""
+
+    messages: tuple[dict[str, Any], ...]
+    tools: tuple[dict[str, Any], ...]
+    template_kwargs: dict[str, Any]
+    add_generation_prompt: bool
+    continue_final_message: bool
+
+
+def chat_prompt(
+    messages: list[schema.Message],
+    tools: list[schema.FunctionTool] | None,
+    chat_template_kwargs: dict[str, Any] | None,
+    add_generation_prompt: bool | None,
+    continue_final_message: bool | None,
+) -> ChatPrompt:
+    """The prompt fields checked (text parts only, free JSON bounded, the generation prompt
+    and continue_final_message consistent) and turned into the template's inputs."""
+    for i, message in enumerate(messages):
         _text_only(message.content, f"messages[{i}].content")
-    _no_effect_fields(raw)
-    if raw.top_logprobs and not raw.logprobs:
-        raise InvalidRequestError(
-            "'top_logprobs' requires 'logprobs' to be true.", INVALID_VALUE, "top_logprobs"
-        )
-    tools = tuple(msgspec.to_builtins(raw.tools)) if raw.tools else ()
-    for i, tool in enumerate(tools):
+    builtins = tuple(msgspec.to_builtins(tools)) if tools else ()
+    for i, tool in enumerate(builtins):
         free_json_text(tool["function"].get("parameters"), f"tools[{i}].function.parameters")
-    if not tools:
-        _needs_tools(raw)
-    tool_choice = _tool_choice(raw.tool_choice, tools)
-    add_generation_prompt = True if raw.add_generation_prompt is None else raw.add_generation_prompt
-    if raw.continue_final_message:
-        if raw.add_generation_prompt:
+    generation_prompt = True if add_generation_prompt is None else add_generation_prompt
+    if continue_final_message:
+        if add_generation_prompt:
             raise InvalidRequestError(
                 "'continue_final_message' and 'add_generation_prompt' cannot both be true.",
                 INVALID_VALUE,
                 "continue_final_message",
             )
-        if type(raw.messages[-1]) is not schema.AssistantMessage:
+        if type(messages[-1]) is not schema.AssistantMessage:
             raise InvalidRequestError(
                 "'continue_final_message' needs an assistant message last.",
                 INVALID_VALUE,
                 "continue_final_message",
             )
-        add_generation_prompt = False
-    kwargs = dict(raw.chat_template_kwargs or {})
+        generation_prompt = False
+    kwargs = dict(chat_template_kwargs or {})
     if kwargs:
         free_json_text(kwargs, "chat_template_kwargs")
+    return ChatPrompt(
+        tuple(msgspec.to_builtins(messages)),
+        builtins,
+        kwargs,
+        generation_prompt,
+        bool(continue_final_message),
+    )
+
+
+def parse_chat_completion(body: bytes) -> ChatCompletionRequest:
+    raw: schema.ChatCompletionBody = _decode(schema.CHAT_DECODER, body)
+    prompt = chat_prompt(
+        raw.messages,
+        raw.tools,
+        raw.chat_template_kwargs,
+        raw.add_generation_prompt,
+        raw.continue_final_message,
+    )
+    _no_effect_fields(raw)
+    if raw.top_logprobs and not raw.logprobs:
+        raise InvalidRequestError(
+            "'top_logprobs' requires 'logprobs' to be true.", INVALID_VALUE, "top_logprobs"
+        )
+    tools = prompt.tools
+    if not tools:
+        _needs_tools(raw)
+    tool_choice = _tool_choice(raw.tool_choice, tools)
+    kwargs = prompt.template_kwargs
     if raw.reasoning_effort is not None:
         kwargs["reasoning_effort"] = raw.reasoning_effort
     max_tokens = raw.max_completion_tokens or raw.max_tokens
@@ -173,7 +211,7 @@ def parse_chat_completion(body: bytes) -> ChatCompletionRequest:
     stream, include_usage = _stream(raw)
     return ChatCompletionRequest(
         raw.model,
-        tuple(msgspec.to_builtins(raw.messages)),
+        prompt.messages,
         _sampling(raw, max_tokens, max_param),
         stream,
         include_usage,
@@ -185,8 +223,8 @@ def parse_chat_completion(body: bytes) -> ChatCompletionRequest:
         bool(raw.logprobs),
         raw.top_logprobs or 0,
         kwargs,
-        add_generation_prompt,
-        bool(raw.continue_final_message),
+        prompt.add_generation_prompt,
+        prompt.continue_final_message,
         True if raw.separate_reasoning is None else raw.separate_reasoning,
     )
 

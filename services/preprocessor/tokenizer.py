@@ -83,6 +83,7 @@ class TokenizerBundle:
         self.prompts = PromptEncoder(
             tokenizer, splitting_tokens(tokenizer, in_template + edges), max_token_bytes(tokenizer)
         )
+        self._specials = _special_tokens(tokenizer)
 
     @property
     def token_texts(self) -> TokenTexts:
@@ -144,6 +145,12 @@ class TokenizerBundle:
             lambda: encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         )
 
+    def with_special_tokens(self, ids: list[int]) -> list[int]:
+        """`ids` with the special tokens the tokenizer adds around a text (a Llama BOS), as
+        `encode(text, add_special_tokens=True)` would have them."""
+        before, after = self._specials
+        return [*before, *ids, *after] if before or after else ids
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
@@ -153,6 +160,16 @@ class TokenizerBundle:
     def _token_id(self, token: Any) -> int | None:
         text = token_text(token)
         return self.tokenizer.token_to_id(text) if text else None
+
+
+def _special_tokens(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
+    """The ids the tokenizer's post-processor puts before and after a text's own."""
+    bare = tokenizer.encode("a", add_special_tokens=False).ids
+    full = tokenizer.encode("a", add_special_tokens=True).ids
+    for at in range(len(full) - len(bare) + 1):
+        if full[at : at + len(bare)] == bare:
+            return full[:at], full[at + len(bare) :]
+    return [], []
 
 
 def unzip_safely(data: bytes, dest: Path, max_bytes: int = MAX_UNZIPPED_BYTES) -> None:

@@ -36,6 +36,8 @@ CHAT = "chat_completions"
 COMPLETIONS = "completions"
 EMBEDDINGS = "embeddings"
 RESPONSES = "responses"
+TOKENIZE = "tokenize"  # answered without an engine (local_endpoints)
+DETOKENIZE = "detokenize"
 # The router's session key (session affinity); without it, the body's `user` is the key.
 SESSION_HEADER = "x-session-id"
 

@@ -5,7 +5,9 @@
 - `outputs` (chat): the per-request output parsers (tool calls, reasoning) and the engine
   constraint that `tool_choice` required / a named function asks for.
 - `tokenize`: each prompt's ids, refusing a prompt that certainly cannot fit before it is
-  tokenized in full (prompt_encoder); client-given ids are checked against the vocabulary.
+  tokenized in full (prompt_encoder); a completions text prompt gets the tokenizer's own
+  special tokens (a Llama BOS), as vLLM adds them; client-given ids are checked against the
+  vocabulary.
 - `check`: the exact context-length check and the engine-neutral sampling parameters, with
   the fields only some engine protocols can honour checked against the model's engines.
 """
@@ -169,6 +171,8 @@ async def tokenize(ctx: RequestContext) -> None:
                     CONTEXT_LENGTH_EXCEEDED,
                     param,
                 ) from None
+            if state.param == "prompt":  # completions add the tokenizer's own (vLLM's default)
+                ids = tokenizer.with_special_tokens(ids)
         if not ids:
             raise InvalidRequestError("The prompt is empty.", INVALID_VALUE, param)
         state.prompt_ids.append(ids)
