@@ -55,8 +55,9 @@ from switchyard.common.ports import (
 from switchyard.common.workers import worker_flag
 from switchyard.dispatcher.channels import DEFAULT_DRAIN_TIMEOUT
 from switchyard.dispatcher.service import ENGINE_STREAMS, ENGINE_STREAMS_HTTP2
+from switchyard.preprocessor import cors, https
 from switchyard.preprocessor.auth import ADMIN_TOKEN_ENV, KEYS_ENV, keys_from_env
-from switchyard.preprocessor.cli import add_guardrail_arguments
+from switchyard.preprocessor.cli import add_edge_arguments, add_guardrail_arguments
 from switchyard.preprocessor.serving import BACKSTOP_S
 from switchyard.router.config import MODES
 from switchyard.supervisor import ChildSpec, Supervisor, signal_wait
@@ -223,6 +224,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"{ENGINE_STREAMS_HTTP2})",
     )
     add_guardrail_arguments(parser)  # passed to every preprocessor (--shutdown-grace: too)
+    add_edge_arguments(parser)  # HTTPS and CORS: passed to every preprocessor
     add_engine_tls_arguments(parser)  # passed to fleet, routers, dispatchers, preprocessors
     # --port-range for every child; --ready-file for up itself, written when a client can use
     # the stack (a bound socket that routes nowhere yet would not do)
@@ -274,7 +276,7 @@ def preprocessor_guardrail_argv(args: argparse.Namespace, admin_listener: bool) 
         out += ["--api-keys-file", str(args.api_keys_file)]
     if admin_listener:
         out += ["--admin-host", args.admin_host]
-    return out
+    return out + https.argv(args) + cors.argv(args)
 
 
 def child_env(args: argparse.Namespace) -> dict[str, str] | None:
@@ -292,14 +294,16 @@ def child_env(args: argparse.Namespace) -> dict[str, str] | None:
 
 
 def wants_admin_listener(args: argparse.Namespace) -> bool:
-    """Any key or token configured: /ready is no longer open on the API port, so `up` polls
-    it on an admin listener (loopback, a free port, unless --admin-port says otherwise)."""
+    """Any key or token configured, or HTTPS: /ready is no longer open (or plain) on the API
+    port, so `up` polls it on an admin listener (loopback, plain HTTP, a free port, unless
+    --admin-port says otherwise)."""
     secured = bool(
         args.api_key
         or keys_from_env()
         or args.api_keys_file
         or args.admin_token
         or os.environ.get(ADMIN_TOKEN_ENV)
+        or args.tls_cert
     )
     return secured or args.admin_port is not None
 
@@ -453,7 +457,8 @@ class Launcher:
         ]
         stack.reports.update(self.stage(children, INGRESS, grace, child_env(args)))
         port = stack.reports[names[0]]["port"]
-        stack.base_url = f"http://{args.http_host}:{port}"
+        scheme = "https" if args.tls_cert else "http"
+        stack.base_url = f"{scheme}://{args.http_host}:{port}"
         stack.ready_url = stack.base_url + "/ready"
         if admin:
             host = "127.0.0.1" if args.admin_host in ("0.0.0.0", "::", "") else args.admin_host
@@ -515,6 +520,8 @@ def run(args: argparse.Namespace) -> int:
     setup_logging("up", args.log_level, args.log_format)
     try:
         engine_tls_from_args(args)  # unreadable files fail here, not in every child
+        https.from_args(args)
+        cors.wrap(None, args)
     except ValueError as exc:
         log.error("%s", exc)
         return 2

@@ -16,7 +16,7 @@ from switchyard.common.engines.tls import add_engine_tls_arguments, engine_tls_f
 from switchyard.common.logs import add_logging_arguments, setup_logging
 from switchyard.common.metrics import add_metrics_arguments, serve_metrics
 from switchyard.common.ports import add_port_arguments, bind_tcp, port_number, write_ready_file
-from switchyard.preprocessor import admission
+from switchyard.preprocessor import admission, cors, https
 from switchyard.preprocessor.app import create_app
 from switchyard.preprocessor.auth import ADMIN_TOKEN_ENV, KEYS_ENV, Access, KeyRing, keys_from_env
 from switchyard.preprocessor.edge import Edge
@@ -131,6 +131,16 @@ def add_guardrail_arguments(parser: argparse.ArgumentParser) -> None:
         help="on SIGTERM: stop accepting, let running requests finish this long, then end "
         "them with an error (default 30)",
     )
+
+
+def add_edge_arguments(parser: argparse.ArgumentParser) -> None:
+    """HTTPS and CORS at the API listener (also `switchyard up`'s)."""
+    group = parser.add_argument_group(
+        "HTTPS and CORS (both off by default)",
+        "TLS files are re-read when they change; CORS answers browsers' preflights",
+    )
+    https.add_arguments(group)
+    cors.add_arguments(group)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -281,6 +291,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "switchyard_preprocessor_stage_seconds{stage}",
     )
     add_guardrail_arguments(parser)
+    add_edge_arguments(parser)
     add_engine_tls_arguments(parser)  # GetTokenizer over grpcs://
     add_metrics_arguments(parser, "preprocessor")  # /metrics is also served on the HTTP port
     add_port_arguments(parser)
@@ -303,6 +314,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"preprocessor: {exc}") from None
     try:
         engine_tls = engine_tls_from_args(args)
+        tls = https.from_args(args)
         limits = admission.Limits(
             args.max_concurrent_requests,
             args.max_queued_requests,
@@ -329,7 +341,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"preprocessor: cannot bind {args.host}:{args.port}: {exc}") from None
     sock.set_inheritable(True)
     port = int(sock.getsockname()[1])
-    logs.instance = instance = f"http://{args.host}:{port}"
+    scheme = "https" if tls is not None else "http"
+    logs.instance = instance = f"{scheme}://{args.host}:{port}"
     try:
         config = PreprocessorConfig(
             tool_parsers=tool_parsers,
@@ -370,7 +383,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(
             f"preprocessor: cannot serve /metrics on {args.metrics_host}:{args.metrics_port}: {exc}"
         ) from None
-    app = Edge(
+    edge = Edge(
         create_app(state),
         state.deps,
         args.max_body_bytes,
@@ -379,6 +392,12 @@ def run(args: argparse.Namespace) -> int:
         state.admission,
         args.request_timeout,
     )
+    try:
+        app = cors.wrap(edge, args)
+    except ValueError as exc:
+        raise SystemExit(f"preprocessor: {exc}") from None
+    if tls is not None:
+        state.watches.append(("tls-files", tls.watch))
     server = GracefulServer(
         uvicorn.Config(
             app,
@@ -390,6 +409,7 @@ def run(args: argparse.Namespace) -> int:
             access_log=False,
             log_config=None,
             timeout_keep_alive=args.keep_alive_timeout,
+            ssl_context_factory=(lambda _config, _default: tls.context) if tls else None,
         ),
         state,
         args.shutdown_grace,
@@ -406,7 +426,10 @@ def run(args: argparse.Namespace) -> int:
             ) from None
         admin_port = int(admin_sock.getsockname()[1])
         access.admin_port = admin_port
-        sockets.append(admin_sock)
+        if tls is not None:  # the operator's loopback listener stays plain HTTP
+            server.plain_sockets.append(admin_sock)
+        else:
+            sockets.append(admin_sock)
         if args.admin_host not in ("127.0.0.1", "::1", "localhost"):
             log.warning(
                 "the admin listener on %s:%d serves /admin and /metrics without a token: "

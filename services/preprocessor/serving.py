@@ -1,7 +1,10 @@
-"""Uvicorn with a graceful stop: on SIGTERM the listeners close (no new connections), queued
-requests get 503 (retry elsewhere), running ones may finish within `--shutdown-grace`; past it
-every one still running is ended cleanly (an error event in a stream, a 503 before its first
-byte; its engine requests aborted), and the process exits once they are answered."""
+"""Uvicorn with a graceful stop, and the admin listener in plain HTTP beside an HTTPS API
+listener (uvicorn would give every socket its one TLS context).
+
+The graceful stop: on SIGTERM the listeners close (no new connections), queued requests get
+503 (retry elsewhere), running ones may finish within `--shutdown-grace`; past it every one
+still running is ended cleanly (an error event in a stream, a 503 before its first byte; its
+engine requests aborted), and the process exits once they are answered."""
 
 from __future__ import annotations
 
@@ -22,11 +25,33 @@ TICK_S = 1.0  # uvicorn's tick: the Date header is renewed at each
 
 
 class GracefulServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, state: PreprocessorState, grace: float) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        state: PreprocessorState,
+        grace: float,
+    ) -> None:
         config.timeout_graceful_shutdown = int(grace + BACKSTOP_S + 0.999)
         super().__init__(config)
         self._state = state
         self._grace = grace
+        # Served without TLS whatever config.ssl says: the admin listener (loopback).
+        self.plain_sockets: list[socket.socket] = []
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if not self.plain_sockets or self.should_exit:
+            return
+        config, loop = self.config, asyncio.get_running_loop()
+
+        def protocol() -> asyncio.Protocol:  # as uvicorn makes one for its own listeners
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state=self.lifespan.state
+            )
+
+        for sock in self.plain_sockets:
+            server = await loop.create_server(protocol, sock=sock, backlog=config.backlog)
+            self.servers.append(server)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -111,6 +111,8 @@ class PreprocessorState:
         self.metrics.registry.register(AdmissionCollector(self.admission))
         self._zmq: zmq.asyncio.Context | None = None  # the admin calls' sockets (lazily)
         self._tasks: list[asyncio.Task[None]] = []
+        # Files watched while serving (name, the watch loop): the TLS certificate files.
+        self.watches: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = []
         self.stopping = asyncio.Event()  # a SIGTERM came (set by the server)
         self.deps = Deps(
             router=self.router,
@@ -218,6 +220,8 @@ class PreprocessorState:
                 if self.access.keys.file is not None:
                     keys = asyncio.create_task(self.access.keys.watch(), name="api-keys")
                     self._tasks.append(keys)
+                for name, watch in self.watches:
+                    self._tasks.append(asyncio.create_task(watch(), name=name))
                 if self.config.listen_when_ready_s > 0:
                     await self._until_ready(self.config.listen_when_ready_s)
             yield  # stopped first: the server exits as soon as the start-up ends
