@@ -136,15 +136,6 @@ def build_parser(full: bool = True) -> argparse.ArgumentParser:
     return parser
 
 
-def missing_help(parser: argparse.ArgumentParser) -> list[str]:
-    """Flags of `parser` without help text (a test keeps this empty for every command)."""
-    return [
-        "/".join(a.option_strings) or a.dest
-        for a in parser._actions
-        if not isinstance(a, argparse._HelpAction) and not (a.help and a.help.strip())
-    ]
-
-
 def _config_path(argv: Sequence[str], environ: Any) -> str | None:
     for i, arg in enumerate(argv):
         if arg == "--config" and i + 1 < len(argv):

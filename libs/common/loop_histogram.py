@@ -31,12 +31,6 @@ class HistogramSeries:
         self.counts[bisect_left(self._bounds, value)] += 1
         self.sum += value
 
-    def observe_many(self, values: Sequence[float]) -> None:
-        bounds, counts = self._bounds, self.counts
-        for value in values:
-            counts[bisect_left(bounds, value)] += 1
-        self.sum += sum(values)
-
 
 class LoopHistogram(Collector):
     def __init__(

@@ -169,11 +169,6 @@ def parse_workers_text(text: str, path: str | Path) -> list[WorkerSpec]:
     return parse_workers(data, str(path))
 
 
-def load_workers_file(path: str | Path) -> list[WorkerSpec]:
-    """Read and parse a workers file (OSError when it cannot be read)."""
-    return parse_workers_text(Path(path).read_text(encoding="utf-8"), path)
-
-
 def combine_workers(
     groups: Iterable[Iterable[WorkerSpec]], prefill: Iterable[str] = ()
 ) -> list[WorkerSpec]:

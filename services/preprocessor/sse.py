@@ -1,4 +1,5 @@
-"""OpenAI response bytes: SSE chunks for streaming, whole bodies otherwise.
+"""OpenAI streaming response bytes: SSE chunks, and the `usage` object every body carries
+(whole bodies are built by stages/sinks).
 
 Per request, `ChatStream` / `CompletionStream` render the constant head of every chunk
 (id, object, created, model) once; a content chunk is then that head, one `orjson.dumps`
@@ -160,61 +161,6 @@ class CompletionStream:
             usage_dict(prompt_tokens, completion_tokens, cached_tokens, reasoning_tokens)
         )
         return self._head + b',"choices":[],"usage":' + usage + b"}" + _END
-
-
-def chat_completion_body(
-    completion_id: str,
-    model: str,
-    created: int,
-    text: str,
-    finish_reason: str,
-    prompt_tokens: int,
-    completion_tokens: int,
-    cached_tokens: int = 0,
-) -> bytes:
-    """A non-streaming `chat.completion` response body."""
-    return orjson.dumps(
-        {
-            "id": completion_id,
-            "object": "chat.completion",
-            "created": int(created),
-            "model": model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "logprobs": None,
-                    "finish_reason": finish_reason,
-                }
-            ],
-            "usage": usage_dict(prompt_tokens, completion_tokens, cached_tokens),
-        }
-    )
-
-
-def text_completion_body(
-    completion_id: str,
-    model: str,
-    created: int,
-    text: str,
-    finish_reason: str,
-    prompt_tokens: int,
-    completion_tokens: int,
-    cached_tokens: int = 0,
-) -> bytes:
-    """A non-streaming `text_completion` response body."""
-    return orjson.dumps(
-        {
-            "id": completion_id,
-            "object": "text_completion",
-            "created": int(created),
-            "model": model,
-            "choices": [
-                {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-            ],
-            "usage": usage_dict(prompt_tokens, completion_tokens, cached_tokens),
-        }
-    )
 
 
 def sse_error(message: str, type: str, code: str, param: str | None = None) -> bytes:

@@ -23,7 +23,8 @@ def test_same_series_as_prometheus_client() -> None:
     for v in VALUES:
         fast.labels("a").observe(v)
         slow.labels("a").observe(v)
-    fast.labels("b").observe_many([0.2, 0.3])
+    fast.labels("b").observe(0.2)
+    fast.labels("b").observe(0.3)
     slow.labels("b").observe(0.2)
     slow.labels("b").observe(0.3)
     assert exposition(ours) == exposition(theirs)

@@ -6,7 +6,6 @@ from switchyard.common.instance_id import instance_id
 from switchyard.common.workers import (
     WorkerSpec,
     combine_workers,
-    load_workers_file,
     parse_worker,
     parse_worker_entry,
     parse_workers_text,
@@ -81,7 +80,7 @@ class TestWorkersFile:
     def test_yaml(self, tmp_path):
         path = tmp_path / "workers.yaml"
         path.write_text(self.YAML)
-        assert load_workers_file(path) == [
+        assert parse_workers_text(path.read_text(), path) == [
             WorkerSpec("grpc://a:1"),
             WorkerSpec("grpc://b:2", prefill=True),
             WorkerSpec("grpc://c:3", "tcp://c:5557", "tcp://c:5558"),
@@ -90,7 +89,7 @@ class TestWorkersFile:
     def test_json(self, tmp_path):
         path = tmp_path / "workers.json"
         path.write_text(json.dumps(["grpc://a:1", {"url": "grpc://b:2", "role": "prefill"}]))
-        assert load_workers_file(path) == [
+        assert parse_workers_text(path.read_text(), path) == [
             WorkerSpec("grpc://a:1"),
             WorkerSpec("grpc://b:2", prefill=True),
         ]

@@ -1,4 +1,5 @@
-"""Engine constraints in an engine-neutral form, built from `tool_choice` or `response_format`.
+"""Engine constraints in an engine-neutral form, built from `tool_choice` (response_format's
+are made by openai_requests).
 
 `Constraint(kind, value)` maps one to one onto the engines' `constraint` oneof (vLLM:
 json_schema, regex, grammar, structural_tag, json_object, choice; SGLang: regex,
@@ -110,30 +111,6 @@ def required_schema(
     if defs:
         schema["$defs"] = defs
     return schema
-
-
-def response_format_constraint(response_format: Mapping[str, Any] | None) -> Constraint | None:
-    """`response_format` as a constraint: json_object, or json_schema's `schema`."""
-    if not response_format:
-        return None
-    kind = response_format.get("type")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return Constraint("json_object", "")
-    if kind == "json_schema":
-        spec = response_format.get("json_schema")
-        schema = spec.get("schema") if isinstance(spec, Mapping) else None
-        if not isinstance(schema, Mapping):
-            raise InvalidRequestError(
-                'response_format "json_schema" needs json_schema.schema (an object).',
-                param="response_format",
-            )
-        return Constraint("json_schema", _dumps(schema))
-    raise InvalidRequestError(
-        'response_format type must be "text", "json_object" or "json_schema".',
-        param="response_format",
-    )
 
 
 def _functions(tools: Sequence[Mapping[str, Any]] | None) -> list[Mapping[str, Any]]:

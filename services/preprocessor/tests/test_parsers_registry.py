@@ -13,7 +13,6 @@ from switchyard.preprocessor.errors import InvalidRequestError
 from switchyard.preprocessor.parsers import Constraint, UnknownParserError, parsers_for
 from switchyard.preprocessor.parsers.constrained import NamedToolParser, RequiredToolParser
 from switchyard.preprocessor.parsers.constraints import (
-    response_format_constraint,
     tool_choice_constraint,
 )
 from switchyard.preprocessor.parsers.deepseek import DeepSeekV3ToolParser, DeepSeekV31ToolParser
@@ -177,24 +176,6 @@ class TestToolChoiceConstraint:
         with pytest.raises(InvalidRequestError) as info:
             tool_choice_constraint([WEATHER, other], "required")
         assert info.value.param == "tools"
-
-
-class TestResponseFormat:
-    def test_kinds(self) -> None:
-        assert response_format_constraint(None) is None
-        assert response_format_constraint({"type": "text"}) is None
-        assert response_format_constraint({"type": "json_object"}) == Constraint("json_object", "")
-        schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
-        constraint = response_format_constraint(
-            {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}
-        )
-        assert constraint is not None and json.loads(constraint.value) == schema
-
-    def test_errors(self) -> None:
-        for bad in ({"type": "json_schema"}, {"type": "yaml"}):
-            with pytest.raises(InvalidRequestError) as info:
-                response_format_constraint(bad)
-            assert info.value.param == "response_format"
 
 
 class TestScan:

@@ -5,15 +5,13 @@ from typing import Any
 import orjson
 import pytest
 from openai.types import Completion
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.chat import ChatCompletionChunk
 
 from switchyard.preprocessor.sse import (
     DONE,
     ChatStream,
     CompletionStream,
-    chat_completion_body,
     sse_error,
-    text_completion_body,
 )
 
 ID, MODEL, CREATED = "chatcmpl-abc", 'deep"seek', 1_700_000_000
@@ -85,27 +83,6 @@ class TestCompletionStream:
         parsed = Completion.model_validate(chunk)
         assert parsed.choices == []
         assert parsed.usage is not None and parsed.usage.total_tokens == 7
-
-
-class TestBodies:
-    def test_chat_completion(self) -> None:
-        body = chat_completion_body(ID, MODEL, CREATED, "Hi there", "stop", 10, 2, 4)
-        parsed = ChatCompletion.model_validate(orjson.loads(body))
-        assert parsed.object == "chat.completion"
-        assert parsed.choices[0].message.role == "assistant"
-        assert parsed.choices[0].message.content == "Hi there"
-        assert parsed.choices[0].finish_reason == "stop"
-        assert parsed.usage is not None and parsed.usage.total_tokens == 12
-        assert parsed.usage.prompt_tokens_details is not None
-        assert parsed.usage.prompt_tokens_details.cached_tokens == 4
-
-    def test_text_completion(self) -> None:
-        body = text_completion_body("cmpl-9", MODEL, CREATED, "abc", "length", 1, 3)
-        parsed = Completion.model_validate(orjson.loads(body))
-        assert parsed.object == "text_completion"
-        assert parsed.choices[0].text == "abc"
-        assert parsed.choices[0].finish_reason == "length"
-        assert parsed.usage is not None and parsed.usage.completion_tokens == 3
 
 
 class TestErrorFrame:
