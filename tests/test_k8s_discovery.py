@@ -17,9 +17,9 @@ from pathlib import Path
 import httpx
 import openai
 from e2e_stack import Processes, wait_until
+from support.k8s_harness import ThreadedFakeKubeApi, kubeconfig
 
 from switchyard.common.instance_id import instance_id
-from switchyard.fleet.k8s.fake_harness import ThreadedFakeKubeApi, kubeconfig
 
 MODEL = "deepseek-mock"
 NAMESPACE = "llm"

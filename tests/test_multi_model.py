@@ -8,8 +8,8 @@ import time
 import httpx
 import openai
 from e2e_stack import Processes, running_stack
+from support.mock_engine import tokenizer_dir_with_template
 
-from switchyard.mock_engine.testing import tokenizer_dir_with_template
 from switchyard.preprocessor.tokenizer import TokenizerBundle, default_tokenizer_dir
 
 TEMPLATE = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant] "

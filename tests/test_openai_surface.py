@@ -18,8 +18,8 @@ from pathlib import Path
 import openai
 import pytest
 from e2e_stack import Processes, running_stack
+from support.mock_engine import tokenizer_dir_with_template
 
-from switchyard.mock_engine.testing import tokenizer_dir_with_template
 from switchyard.preprocessor.parsers.deepseek import (
     CALL_BEGIN,
     CALL_END,

@@ -5,6 +5,5 @@ Layout: config, errors, types, timing, tokens, distribution, kv_cache, kv_events
 kv_handover, generation, data_parallel, samples, patterns, grammars, json_instances, structured,
 script, embedding (the neutral core); tokenizer_facts, deps, tokenizer_bundle, kv_wire, kv_zmq,
 kv_grpc, kv_transfer, disagg, logprob_messages, common_rpcs, sglang_servicer, vllm_servicer
-(adapters);
-server, cli, __main__, testing.
+(adapters); server, cli, __main__. Helpers for tests that run one: tests/support/mock_engine.py.
 """

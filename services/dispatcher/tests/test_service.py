@@ -15,6 +15,7 @@ import msgspec
 import pytest
 import zmq
 import zmq.asyncio
+from support.mock_engine import wait_until
 
 from switchyard.common import errors
 from switchyard.common.fleet_client import FleetClient
@@ -26,7 +27,6 @@ from switchyard.fleet.service import FleetService
 from switchyard.fleet.source import WorkerSource
 from switchyard.mock_engine.config import MockEngineConfig
 from switchyard.mock_engine.server import MockEngineServer, start_mock_engine
-from switchyard.mock_engine.testing import wait_until
 from switchyard.protos import codec
 from switchyard.protos.messages import (
     CancelRequest,

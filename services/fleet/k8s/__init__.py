@@ -2,6 +2,6 @@
 
 Layout: `selector` (label selectors), `pods` (a pod to a WorkerSpec), `types` and `errors`
 (the contract), `client` (the API over kubernetes_asyncio, loaded only when used), `watch`
-(list + watch per selector), `source` (the merged worker list), `cli` (the --k8s flags);
-`fake_api` (+ `fake_wire`, `fake_harness`) is a test API server that speaks the real wire.
+(list + watch per selector), `source` (the merged worker list), `cli` (the --k8s flags).
+The test API server that speaks the real wire is tests/support/k8s_api.py.
 """

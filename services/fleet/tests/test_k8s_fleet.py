@@ -9,11 +9,11 @@ import contextlib
 import sys
 
 import pytest
+from support.k8s_api import FakeKubeApi
+from support.k8s_harness import kubeconfig
 
 from switchyard.common.fleet_client import FleetClient
 from switchyard.common.workers import WorkerSpec
-from switchyard.fleet.k8s.fake_api import FakeKubeApi
-from switchyard.fleet.k8s.fake_harness import kubeconfig
 from switchyard.fleet.k8s.pods import PodRules
 from switchyard.fleet.k8s.source import PodSource
 from switchyard.fleet.service import FleetService

@@ -13,11 +13,11 @@ import ssl
 
 import pytest
 import trustme
+from support.k8s_api import FakeKubeApi
+from support.k8s_harness import kubeconfig
 
 from switchyard.fleet.k8s.client import PodApi
 from switchyard.fleet.k8s.errors import ConfigError
-from switchyard.fleet.k8s.fake_api import FakeKubeApi
-from switchyard.fleet.k8s.fake_harness import kubeconfig
 from switchyard.fleet.k8s.source import PodSource
 from switchyard.fleet.k8s.watch import PodWatch
 

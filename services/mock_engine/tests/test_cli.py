@@ -13,10 +13,10 @@ import msgspec
 import pytest
 from smg_grpc_proto import vllm_engine_pb2 as pb
 from smg_grpc_proto import vllm_engine_pb2_grpc as pb_grpc
+from support.mock_engine import kv_replay, spawn_mock_engine
 
 from switchyard.mock_engine.cli import add_arguments, config_from_args, run
 from switchyard.mock_engine.config import EngineProtocol, EventFormat, HashForm, Role
-from switchyard.mock_engine.testing import kv_replay, spawn_mock_engine
 
 
 class TestArguments:

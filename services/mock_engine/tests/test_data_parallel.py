@@ -17,12 +17,12 @@ from smg_grpc_proto import sglang_scheduler_pb2 as spb
 from smg_grpc_proto import sglang_scheduler_pb2_grpc as spb_grpc
 from smg_grpc_proto import vllm_engine_pb2 as vpb
 from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
+from support.mock_engine import kv_replay
 
 from switchyard.common.ports import free_port
 from switchyard.mock_engine.config import MockEngineConfig, default_tokenizer_dir
 from switchyard.mock_engine.data_parallel import DataParallelEngine
 from switchyard.mock_engine.server import MockEngineServer, start_mock_engine
-from switchyard.mock_engine.testing import kv_replay
 from switchyard.mock_engine.tests.test_generation import make_engine
 from switchyard.mock_engine.tokenizer_facts import load_tokenizer_facts
 from switchyard.mock_engine.types import FinishReason, GenerationRequest, SamplingSpec

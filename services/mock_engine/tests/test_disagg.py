@@ -22,10 +22,10 @@ from smg_grpc_proto import sglang_scheduler_pb2 as spb
 from smg_grpc_proto import sglang_scheduler_pb2_grpc as spb_grpc
 from smg_grpc_proto import vllm_engine_pb2 as vpb
 from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
+from support.mock_engine import free_port, start_mock_engine, wait_until
 
 from switchyard.mock_engine.config import MockEngineConfig
 from switchyard.mock_engine.server import MockEngineServer
-from switchyard.mock_engine.testing import free_port, start_mock_engine, wait_until
 
 FAST: dict[str, Any] = {"port": 0, "speedup": 1000.0, "context_length": 512}
 BLOCK = 16
@@ -47,10 +47,11 @@ async def engines(*configs: MockEngineConfig) -> AsyncIterator[list[MockEngineSe
     async with contextlib.AsyncExitStack() as stack:
         started = [await stack.enter_async_context(start_mock_engine(c)) for c in configs]
         yield started
-        for server in started:
-            assert server.engine is not None
-            await wait_until(lambda s=server.engine: s.active_requests == 0)
-            assert server.engine.cache.pinned_blocks == 0 and len(server.disagg.board) == 0
+        cores = [server.engine for server in started if server.engine is not None]
+        assert len(cores) == len(started)
+        await wait_until(lambda: all(core.active_requests == 0 for core in cores))
+        for server, core in zip(started, cores, strict=True):
+            assert core.cache.pinned_blocks == 0 and len(server.disagg.board) == 0
 
 
 @contextlib.asynccontextmanager

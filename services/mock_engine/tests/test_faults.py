@@ -14,13 +14,13 @@ from smg_grpc_proto import sglang_scheduler_pb2 as spb
 from smg_grpc_proto import sglang_scheduler_pb2_grpc as spb_grpc
 from smg_grpc_proto import vllm_engine_pb2 as vpb
 from smg_grpc_proto import vllm_engine_pb2_grpc as vpb_grpc
+from support.mock_engine import spawn_mock_engine, start_mock_engine, wait_until
 
 from switchyard.mock_engine.config import MockEngineConfig, default_tokenizer_dir
 from switchyard.mock_engine.errors import ConfigError
 from switchyard.mock_engine.faults import CRASH_EXIT_CODE, FaultInjector, Refusal
 from switchyard.mock_engine.generation import MockEngine
 from switchyard.mock_engine.kv_cache import SGLANG_POLICY, EngineHasher, PrefixCache
-from switchyard.mock_engine.testing import spawn_mock_engine, start_mock_engine, wait_until
 from switchyard.mock_engine.timing import Timing
 from switchyard.mock_engine.tokenizer_facts import load_tokenizer_facts
 from switchyard.mock_engine.tokens import TokenOracle

@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest
 import pytest_asyncio
+from support.mock_engine import free_port, wait_until
 
 from switchyard.mock_engine.errors import KvTransferFailed
 from switchyard.mock_engine.kv_handover import HandoverBoard, KvPayload, request_key, room_key
 from switchyard.mock_engine.kv_transfer import KvTransferServer, fetch_kv
-from switchyard.mock_engine.testing import free_port, wait_until
 
 PAYLOAD = KvPayload((5, 6, 7, 8), 3, (10, 11), "engine-1")
 LONG = 60.0

@@ -13,10 +13,10 @@ import msgspec
 import pytest
 import zmq
 import zmq.asyncio
+from support.mock_engine import END_SEQ, kv_replay, kv_subscriber
 
 from switchyard.mock_engine.config import MockEngineConfig
 from switchyard.mock_engine.server import MockEngineServer, start_mock_engine
-from switchyard.mock_engine.testing import END_SEQ, kv_replay, kv_subscriber
 from switchyard.mock_engine.types import GenerationRequest, SamplingSpec
 
 ANY_PORT = "tcp://127.0.0.1:*"

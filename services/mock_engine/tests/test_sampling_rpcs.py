@@ -9,8 +9,7 @@ import grpc
 import pytest
 from smg_grpc_proto import sglang_scheduler_pb2 as spb
 from smg_grpc_proto import vllm_engine_pb2 as vpb
-
-from switchyard.mock_engine.testing import wait_until
+from support.mock_engine import wait_until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

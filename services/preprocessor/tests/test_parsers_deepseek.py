@@ -4,6 +4,7 @@ token through the real DeepSeek tokenizer (its markers are single tokens there).
 from __future__ import annotations
 
 import pytest
+from support.parsers import check_chunkings, collect, counter_ids, shape
 
 from switchyard.preprocessor.parsers.deepseek import (
     CALL_BEGIN,
@@ -14,7 +15,6 @@ from switchyard.preprocessor.parsers.deepseek import (
     DeepSeekV3ToolParser,
     DeepSeekV31ToolParser,
 )
-from switchyard.preprocessor.parsers.testing import check_chunkings, collect, counter_ids, shape
 from switchyard.preprocessor.tokenizer import TokenizerBundle
 
 TOOLS = ["get_weather", "get_time"]

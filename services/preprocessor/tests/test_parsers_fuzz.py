@@ -10,6 +10,7 @@ import random
 from typing import Any
 
 import pytest
+from support.parsers import collect, counter_ids, shape
 
 from switchyard.preprocessor.parsers.constrained import NamedToolParser, RequiredToolParser
 from switchyard.preprocessor.parsers.deepseek import DeepSeekV3ToolParser, DeepSeekV31ToolParser
@@ -19,7 +20,6 @@ from switchyard.preprocessor.parsers.llama3 import Llama3JsonToolParser
 from switchyard.preprocessor.parsers.mistral import MistralToolParser
 from switchyard.preprocessor.parsers.output import OutputParser
 from switchyard.preprocessor.parsers.reasoning import ReasoningParser
-from switchyard.preprocessor.parsers.testing import collect, counter_ids, shape
 
 PIECES = [
     "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",

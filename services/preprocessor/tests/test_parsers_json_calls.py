@@ -4,10 +4,11 @@ splits these families' markers into several tokens, the harder case)."""
 
 from __future__ import annotations
 
+from support.parsers import check_chunkings, collect, counter_ids, shape
+
 from switchyard.preprocessor.parsers.hermes import HermesToolParser
 from switchyard.preprocessor.parsers.llama3 import PYTHON_TAG, Llama3JsonToolParser
 from switchyard.preprocessor.parsers.mistral import MistralToolParser, mistral_call_id
-from switchyard.preprocessor.parsers.testing import check_chunkings, collect, counter_ids, shape
 from switchyard.preprocessor.tokenizer import TokenizerBundle
 
 TOOLS = ["get_weather", "get_time"]

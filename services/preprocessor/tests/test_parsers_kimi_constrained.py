@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from support.parsers import check_chunkings, collect, counter_ids
+
 from switchyard.preprocessor.parsers.constrained import NamedToolParser, RequiredToolParser
 from switchyard.preprocessor.parsers.kimi_k2 import KimiK2ToolParser
-from switchyard.preprocessor.parsers.testing import check_chunkings, collect, counter_ids
 from switchyard.preprocessor.tokenizer import TokenizerBundle
 
 TOOLS = ["get_weather", "get_time"]

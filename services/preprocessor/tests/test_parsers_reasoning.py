@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support.parsers import check_chunkings, collect, counter_ids
 
 from switchyard.preprocessor.chat_template import ChatTemplate
 from switchyard.preprocessor.parsers.deepseek import (
@@ -21,7 +22,6 @@ from switchyard.preprocessor.parsers.reasoning import (
     thinking_requested,
 )
 from switchyard.preprocessor.parsers.registry import REASONING_FORMATS, TOOL_PARSERS, ParserChoice
-from switchyard.preprocessor.parsers.testing import check_chunkings, collect, counter_ids
 from switchyard.preprocessor.tokenizer import TokenizerBundle
 
 FIXTURES = Path(__file__).parent / "templates"

@@ -4,8 +4,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from support.mock_engine import tokenizer_dir_with_template
 
-from switchyard.mock_engine.testing import tokenizer_dir_with_template
 from switchyard.preprocessor.tokenizer import default_tokenizer_dir
 from switchyard.preprocessor.tokenizer_source import ModelTokenizers, parse_tokenizer_flags
 

@@ -1,4 +1,4 @@
-"""Using the test API server (`fake_api`) from tests: a kubeconfig that points at it, and
+"""Using the test API server (`k8s_api`) from tests: a kubeconfig that points at it, and
 the server on its own event loop in a thread, for tests that are not async."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from switchyard.fleet.k8s.fake_api import FakeKubeApi
+from support.k8s_api import FakeKubeApi
 
 
 class ThreadedFakeKubeApi:

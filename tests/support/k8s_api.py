@@ -1,5 +1,5 @@
-"""A Kubernetes API server for pods that speaks the real list/watch wire, for tests and demos
-(no cluster runs on a developer machine or in CI; this is what the real client talks to).
+"""A Kubernetes API server for pods that speaks the real list/watch wire, for tests (no
+cluster runs on a developer machine or in CI; this is what the real client talks to).
 
     GET /api/v1/namespaces/{ns}/pods   list: a PodList with metadata.resourceVersion, paged
                                        with limit/continue (one consistent snapshot)
@@ -20,7 +20,7 @@ What it keeps of the real semantics (k8s.io/apiserver's watch cache):
 
 Faults: `stop()`/`start()` (an outage: connections refused), `break_watches()` (streams cut
 mid-chunk), `compact()` (old resourceVersions expire), `fail_next()` (5xx/4xx answers).
-State changes are plain methods, called on the server's event loop; `fake_harness` runs one
+State changes are plain methods, called on the server's event loop; `k8s_harness` runs one
 in a thread for tests that are not async and writes kubeconfigs for it.
 """
 
@@ -38,7 +38,7 @@ from typing import Any
 
 from aiohttp import web
 
-from switchyard.fleet.k8s import fake_wire as wire
+from support import k8s_wire as wire
 from switchyard.fleet.k8s.selector import Selector, parse_selector
 
 Pod = dict[str, Any]

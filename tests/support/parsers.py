@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Iterator
 
-from .types import ParsedOutput, StreamParser, ToolCall
+from switchyard.preprocessor.parsers.types import ParsedOutput, StreamParser, ToolCall
 
 
 def collect(parser: StreamParser, chunks: Iterable[str]) -> ParsedOutput:
@@ -62,7 +62,7 @@ def counter_ids(prefix: str = "call_") -> Callable[[], str]:
 def token_deltas(tokenizer: object, text: str) -> list[str]:
     """The text as the per-token loop sees it: encoded by the real tokenizer, then
     detokenized incrementally one token at a time (a preprocessor TokenizerBundle)."""
-    from ..detokenizer import IncrementalDetokenizer
+    from switchyard.preprocessor.detokenizer import IncrementalDetokenizer
 
     ids = tokenizer.encode(text)  # type: ignore[attr-defined]
     detokenizer = IncrementalDetokenizer(tokenizer)  # type: ignore[arg-type]

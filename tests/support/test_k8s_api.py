@@ -9,8 +9,8 @@ import json
 import aiohttp
 import pytest
 
-from switchyard.fleet.k8s.fake_api import FakeKubeApi
-from switchyard.fleet.k8s.fake_harness import ThreadedFakeKubeApi
+from support.k8s_api import FakeKubeApi
+from support.k8s_harness import ThreadedFakeKubeApi
 
 PODS = "/api/v1/namespaces/default/pods"
 
