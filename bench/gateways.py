@@ -1,4 +1,4 @@
-"""Switchyard vs the engine floor vs smg, streamed and not, short and long answers (issue 13).
+"""Switchyard vs the engine floor vs smg, streamed and not, short and long answers.
 
 Runs bench/load.py once (or --repeats times) per configuration (each run starts its own
 engines and measures the floor, Switchyard (kv routing) and smg on them, one after another)

@@ -1,4 +1,4 @@
-"""What access logs and tracing cost per request, on vs off in the same run (issue 12).
+"""What access logs and tracing cost per request, on vs off in the same run.
 
 One mock engine, fleet, router and dispatcher; one preprocessor per variant, all on that one
 backend, each writing its log to a file (a real write per access line):

@@ -7,7 +7,7 @@ answer with two DeepSeek-V3 tool calls. For each stream and parser configuration
 1. the parsers alone: microseconds per delta of OutputParser.feed (+ finish at the end);
 2. the per-token loop around them: incremental detokenize -> stop strings -> parsers ->
    SSE framing of the chunk (orjson), per delta, with the parsers off and on, and the
-   ratio on/off (issue 13's target at the whole-stack level: on within 10% of off).
+   ratio on/off (the target at the whole-stack level: on within 10% of off).
 
 Each cell is the fastest of --repeat passes over the whole stream, the configurations
 taking turns within each round (on a shared machine the fastest pass is the least

@@ -1,5 +1,5 @@
 """Where the preprocessor's time goes, stage by stage, and what a long conversation costs to
-tokenize turn by turn (issue 13).
+tokenize turn by turn.
 
 1. Stages: 2 SGLang-protocol mock engines, `switchyard up --preprocessor-arg=--stage-timing`,
    closed-loop load (streamed and not); the preprocessor's switchyard_preprocessor_stage_seconds

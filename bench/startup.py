@@ -1,5 +1,5 @@
-"""How fast each service starts: `switchyard <command>` importing only its own module (now) vs
-importing every subcommand's module first (how `switchyard` started before issue 12).
+"""How fast each service starts: `switchyard <command>` importing only its own module vs
+importing every subcommand's module first (a command line that loads everything).
 
 Two measures per command, the two ways alternated run by run on the same machine:
 
