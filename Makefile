@@ -19,7 +19,7 @@ UV_COMPILE := $(UV) pip compile pyproject.toml - --quiet --universal --python-ve
 # the project without build isolation, so the backend comes from the lock too.
 BUILD_REQUIRES := $(PY) -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))'
 
-.PHONY: install run test unit e2e lint docs bench clean lock compose-test base-image
+.PHONY: install run test unit e2e lint docs bench clean lock compose-test base-image postgres
 
 # The C extensions' sources too: the editable install builds them in place.
 $(STAMP): $(DEV_LOCK) pyproject.toml $(wildcard libs/common/*.c services/router/kv/*.c)
@@ -43,14 +43,19 @@ lock: $(UV)
 run: $(STAMP)
 	$(BIN)/switchyard up --mock-engines sglang,vllm --http-port 8000
 
-test: $(STAMP)
+test: $(STAMP) postgres
 	$(BIN)/pytest -q
 
-unit: $(STAMP)
+unit: $(STAMP) postgres
 	$(BIN)/pytest -q libs services
 
-e2e: $(STAMP)
+e2e: $(STAMP) postgres
 	$(BIN)/pytest -q tests
+
+# The stored-responses tests run a real PostgreSQL server (throwaway clusters of their own):
+# Debian's package, installed when missing (as root; otherwise it says what to run).
+postgres:
+	@tools/install-postgres.sh
 
 # mypy checks the code twice: by path (tests included), and as the package Python imports
 # (switchyard.common is libs/common, ...: pyproject's package-dir), which only a tree of links

@@ -8,8 +8,9 @@ fails at once (StoreUnavailable) rather than waiting.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import asyncpg
@@ -122,6 +123,15 @@ class PostgresStore:
             closing.cancel()
             pool.terminate()
 
+    @contextlib.asynccontextmanager
+    async def _transaction(self, readonly: bool = False) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection in a transaction; the server's failures -> StoreUnavailable."""
+        try:
+            async with self._ready().acquire() as conn, conn.transaction(readonly=readonly):
+                yield conn
+        except _DOWN as exc:
+            raise StoreUnavailable(f"PostgreSQL: {_describe(exc)}") from None
+
     async def _fetchrow(self, query: str, *args: Any) -> Any:
         try:
             return await self._ready().fetchrow(query, *args)
@@ -146,18 +156,15 @@ class PostgresStore:
         appended: Sequence[StoredItem] = (),
         touch: float | None = None,
     ) -> bool:
-        try:
-            async with self._ready().acquire() as conn, conn.transaction():
-                await conn.execute(INSERT_RESPONSE, *response.row())
-                conversation = response.conversation_id
-                if conversation is None:
-                    return True
-                if await conn.fetchrow(OWNED, conversation, response.tenant) is None:
-                    return False
-                await _append(conn, conversation, appended, touch)
+        async with self._transaction() as conn:
+            await conn.execute(INSERT_RESPONSE, *response.row())
+            conversation = response.conversation_id
+            if conversation is None:
                 return True
-        except _DOWN as exc:
-            raise StoreUnavailable(f"PostgreSQL: {_describe(exc)}") from None
+            if await conn.fetchrow(OWNED, conversation, response.tenant) is None:
+                return False
+            await _append(conn, conversation, appended, touch)
+            return True
 
     async def get_response(
         self, tenant: str, response_id: str, now: float
@@ -173,12 +180,9 @@ class PostgresStore:
     async def create_conversation(
         self, conversation: Conversation, items: Sequence[StoredItem]
     ) -> None:
-        try:
-            async with self._ready().acquire() as conn, conn.transaction():
-                await conn.execute(INSERT_CONVERSATION, *conversation.row())
-                await _append(conn, conversation.id, items, None)
-        except _DOWN as exc:
-            raise StoreUnavailable(f"PostgreSQL: {_describe(exc)}") from None
+        async with self._transaction() as conn:
+            await conn.execute(INSERT_CONVERSATION, *conversation.row())
+            await _append(conn, conversation.id, items, None)
 
     async def get_conversation(
         self, tenant: str, conversation_id: str, now: float
@@ -194,15 +198,12 @@ class PostgresStore:
         return None if row is None else conversation_from_row(row)
 
     async def delete_conversation(self, tenant: str, conversation_id: str) -> bool:
-        try:
-            async with self._ready().acquire() as conn, conn.transaction():
-                status = await conn.execute(DELETE_CONVERSATION, conversation_id, tenant)
-                if _count(status) == 0:
-                    return False
-                await conn.execute(DELETE_CONVERSATION_ITEMS, conversation_id)
-                return True
-        except _DOWN as exc:
-            raise StoreUnavailable(f"PostgreSQL: {_describe(exc)}") from None
+        async with self._transaction() as conn:
+            status = await conn.execute(DELETE_CONVERSATION, conversation_id, tenant)
+            if _count(status) == 0:
+                return False
+            await conn.execute(DELETE_CONVERSATION_ITEMS, conversation_id)
+            return True
 
     async def add_items(
         self,
@@ -212,14 +213,11 @@ class PostgresStore:
         now: float,
         touch: float | None = None,
     ) -> bool:
-        try:
-            async with self._ready().acquire() as conn, conn.transaction():
-                if await conn.fetchrow(SELECT_CONVERSATION, conversation_id, tenant, now) is None:
-                    return False
-                await _append(conn, conversation_id, items, touch)
-                return True
-        except _DOWN as exc:
-            raise StoreUnavailable(f"PostgreSQL: {_describe(exc)}") from None
+        async with self._transaction() as conn:
+            if await conn.fetchrow(SELECT_CONVERSATION, conversation_id, tenant, now) is None:
+                return False
+            await _append(conn, conversation_id, items, touch)
+            return True
 
     async def list_items(
         self,
@@ -230,22 +228,19 @@ class PostgresStore:
         limit: int | None = None,
         descending: bool = False,
     ) -> ItemPage | None:
-        try:
-            async with self._ready().acquire() as conn, conn.transaction(readonly=True):
-                if await conn.fetchrow(SELECT_CONVERSATION, conversation_id, tenant, now) is None:
-                    return None
-                args: list[Any] = [conversation_id]
-                if after is not None:
-                    seq = await conn.fetchval(ITEM_SEQ, conversation_id, after)
-                    if seq is None:
-                        return ItemPage([], False)
-                    args.append(seq)
-                if limit is not None:
-                    args.append(limit + 1)
-                query = N(sql.select_items(after is not None, descending, limit is not None))
-                rows = await conn.fetch(query, *args)
-        except _DOWN as exc:
-            raise StoreUnavailable(f"PostgreSQL: {_describe(exc)}") from None
+        async with self._transaction(readonly=True) as conn:
+            if await conn.fetchrow(SELECT_CONVERSATION, conversation_id, tenant, now) is None:
+                return None
+            args: list[Any] = [conversation_id]
+            if after is not None:
+                seq = await conn.fetchval(ITEM_SEQ, conversation_id, after)
+                if seq is None:
+                    return ItemPage([], False)
+                args.append(seq)
+            if limit is not None:
+                args.append(limit + 1)
+            query = N(sql.select_items(after is not None, descending, limit is not None))
+            rows = await conn.fetch(query, *args)
         more = limit is not None and len(rows) > limit
         return ItemPage([StoredItem(r[0], bytes(r[1])) for r in rows[:limit]], more)
 
@@ -260,24 +255,18 @@ class PostgresStore:
     async def delete_item(
         self, tenant: str, conversation_id: str, item_id: str, now: float
     ) -> bool:
-        try:
-            async with self._ready().acquire() as conn, conn.transaction():
-                if await conn.fetchrow(SELECT_CONVERSATION, conversation_id, tenant, now) is None:
-                    return False
-                return _count(await conn.execute(DELETE_ITEM, conversation_id, item_id)) > 0
-        except _DOWN as exc:
-            raise StoreUnavailable(f"PostgreSQL: {_describe(exc)}") from None
+        async with self._transaction() as conn:
+            if await conn.fetchrow(SELECT_CONVERSATION, conversation_id, tenant, now) is None:
+                return False
+            return _count(await conn.execute(DELETE_ITEM, conversation_id, item_id)) > 0
 
     # --- retention ---------------------------------------------------------------------------
 
     async def purge(self, now: float) -> int:
-        try:
-            async with self._ready().acquire() as conn, conn.transaction():
-                responses = _count(await conn.execute(PURGE[0], now))
-                await conn.execute(PURGE[1], now)
-                return responses + _count(await conn.execute(PURGE[2], now))
-        except _DOWN as exc:
-            raise StoreUnavailable(f"PostgreSQL: {_describe(exc)}") from None
+        async with self._transaction() as conn:
+            responses = _count(await conn.execute(PURGE[0], now))
+            await conn.execute(PURGE[1], now)
+            return responses + _count(await conn.execute(PURGE[2], now))
 
 
 def _describe(exc: BaseException) -> str:

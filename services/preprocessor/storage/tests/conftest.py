@@ -7,14 +7,14 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-
-from switchyard.preprocessor.storage.postgres import PostgresStore
-from switchyard.preprocessor.storage.sqlite import FILE_NAME, SqliteStore
 from support.postgres import (
     PostgresMissing,
     PostgresServer,
     throwaway_postgres,
 )
+
+from switchyard.preprocessor.storage.postgres import PostgresStore
+from switchyard.preprocessor.storage.sqlite import FILE_NAME, SqliteStore
 
 _numbers = itertools.count()
 

@@ -10,13 +10,13 @@ import time
 
 import pytest
 from prometheus_client import CollectorRegistry
+from support.postgres import PostgresMissing, throwaway_postgres
 
 from switchyard.preprocessor.storage.config import StoreConfig
 from switchyard.preprocessor.storage.errors import StoreUnavailable
 from switchyard.preprocessor.storage.postgres import PostgresStore
 from switchyard.preprocessor.storage.service import Storage, StoreMetrics
 from switchyard.preprocessor.storage.sqlite import FILE_NAME, SqliteStore
-from support.postgres import PostgresMissing, throwaway_postgres
 
 from .test_backends import response as stored
 
