@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from switchyard.preprocessor.stages.context import Exchange
+from switchyard.preprocessor.stages.context import RequestContext
 from switchyard.protos.messages import Instance
 
 log = logging.getLogger("switchyard.access")
@@ -34,42 +34,42 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def request_fields(
-    exchange: Exchange, status: int, instances: Mapping[int, Instance], now: float
+    ctx: RequestContext, status: int, instances: Mapping[int, Instance], now: float
 ) -> dict[str, Any]:
-    """What the access line (and the request's trace) says about one exchange."""
-    ctx = exchange.ctx
-    fields: dict[str, Any] = {"request_id": exchange.request_id}
-    if ctx is None:  # the body never parsed
-        fields.update(model=None, route=exchange.path, status=status, error=exchange.error or None)
+    """What the access line (and the request's trace) says about one request."""
+    inp, state = ctx.inp, ctx.state
+    request = state.request
+    fields: dict[str, Any] = {"request_id": inp.request_id}
+    if request is None:  # the body never parsed
+        fields.update(model=None, route=inp.path, status=status, error=state.error or None)
         return fields
-    state = ctx.state
     workers: list[str] = []
     prefill: list[str] = []
     for gen in state.generations:
         _add(workers, instances, gen.instance_id)
         if gen.prefill_instance_id is not None:
             _add(prefill, instances, gen.prefill_instance_id)
-    if ctx.inp.endpoint == "embeddings":
+    if inp.endpoint == "embeddings":
         _add(workers, instances, state.extra.get("instance_id"))
     usage = state.usage
     prompt = usage.prompt_tokens if usage else sum(len(ids) for ids in state.prompt_ids)
     completion = usage.completion_tokens if usage else sum(len(c.generated) for c in state.choices)
     first = state.first_token_at
     fields.update(
-        model=ctx.inp.request.model,
-        route=exchange.path,
+        model=request.model,
+        route=inp.path,
         worker=",".join(workers) or None,
         prefill_worker=",".join(prefill) or None,
         status=status,
-        stream=bool(getattr(ctx.inp.request, "stream", False)),
+        stream=bool(getattr(request, "stream", False)),
         prompt_tokens=prompt,
         cached_tokens=usage.cached_tokens if usage else None,
         completion_tokens=completion,
-        ttft_ms=_ms(first - ctx.inp.received if first is not None else None),
-        total_ms=_ms(now - ctx.inp.received),
+        ttft_ms=_ms(first - inp.received if first is not None else None),
+        total_ms=_ms(now - inp.received),
         migrations=state.migrations,
         client_disconnect=status == CLIENT_GONE,
-        error=exchange.error or None,
+        error=state.error or None,
     )
     return fields
 
@@ -87,8 +87,8 @@ class AccessLog:
     def __init__(self, instances: Callable[[], Mapping[int, Instance]]) -> None:
         self._instances = instances
 
-    def write(self, method: str, exchange: Exchange, status: int) -> None:
+    def write(self, method: str, ctx: RequestContext, status: int) -> None:
         if not log.isEnabledFor(logging.INFO):
             return
-        fields = request_fields(exchange, status, self._instances(), time.perf_counter())
-        log.info("%s %s", method, exchange.path, extra={"fields": fields})
+        fields = request_fields(ctx, status, self._instances(), time.perf_counter())
+        log.info("%s %s", method, ctx.inp.path, extra={"fields": fields})

@@ -27,7 +27,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from switchyard.common.fleet_admin import FleetAdminError
-from switchyard.preprocessor import request_ids
 from switchyard.preprocessor.errors import (
     INVALID_JSON,
     INVALID_REQUEST,
@@ -39,13 +38,8 @@ from switchyard.preprocessor.errors import (
     as_request_error,
     error_body,
 )
-from switchyard.preprocessor.stages.context import (
-    CHAT,
-    COMPLETIONS,
-    SESSION_HEADER,
-    Exchange,
-)
-from switchyard.preprocessor.stages.endpoints import ID_PREFIX, PROMPT_STAGES, parse, run_stages
+from switchyard.preprocessor.stages.context import CHAT, COMPLETIONS, SESSION_HEADER
+from switchyard.preprocessor.stages.endpoints import new_request, prompt_stages, run_stages
 from switchyard.preprocessor.state import PreprocessorState
 from switchyard.protos.messages import RouteRequest, WorkerAdminReply, WorkerAdminRequest
 
@@ -173,17 +167,32 @@ async def _admin(state: PreprocessorState, request: WorkerAdminRequest) -> Respo
     return _json(orjson.dumps(payload), reply.status)
 
 
+class _NoAnswer:
+    """/debug/route runs the prompt stages only: they never answer."""
+
+    async def start_stream(self) -> None:
+        raise RuntimeError("no answer")
+
+    async def write(self, data: bytes) -> None:
+        raise RuntimeError("no answer")
+
+    async def end_stream(self, data: bytes = b"") -> None:
+        raise RuntimeError("no answer")
+
+    async def respond(self, status: int, body: bytes) -> None:
+        raise RuntimeError("no answer")
+
+
 async def _debug_route(
     state: PreprocessorState, body: bytes, session_id: str | None = None
 ) -> Response:
     """Where would this request go, and why? Decided by the router, sent to no engine."""
     endpoint = CHAT if b'"messages"' in body else COMPLETIONS
-    exchange = Exchange("/debug/route", request_ids.mint(ID_PREFIX[endpoint]))
-    exchange.session_id = session_id
+    ctx = new_request(state.deps, endpoint, _NoAnswer(), session_id=session_id)
+    ctx.state.raw = body
     try:
-        ctx = parse(state.deps, endpoint, body, 0.0, exchange)
-        await run_stages(ctx, PROMPT_STAGES[endpoint])
-        model = ctx.inp.request.model
+        await run_stages(ctx, prompt_stages(endpoint))
+        model = ctx.request.model
         prompt_ids = ctx.state.prompt_ids[0]
         reply = await state.router.route(
             RouteRequest(
@@ -191,7 +200,7 @@ async def _debug_route(
                 model=model,
                 token_ids=prompt_ids,
                 dry_run=True,
-                session_id=ctx.inp.session_id,
+                session_id=ctx.state.session_id,
             ),
             state.config.route_timeout,
         )

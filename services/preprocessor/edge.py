@@ -48,9 +48,9 @@ from switchyard.preprocessor.stages.context import (
     SESSION_HEADER,
     TOKENIZE,
     Deps,
-    Exchange,
+    RequestContext,
 )
-from switchyard.preprocessor.stages.endpoints import ID_PREFIX, serve
+from switchyard.preprocessor.stages.endpoints import ID_PREFIX, new_request, serve
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +94,12 @@ class AsgiOut:
 
     def __init__(self, send: Send, request_id: str = "") -> None:
         self._send = send
-        self._id = [(b"x-request-id", request_id.encode("latin-1"))] if request_id else []
+        self._id: list[tuple[bytes, bytes]] = []
+        self.set_request_id(request_id)
         self.done = False  # the last message went out: a disconnect now is the normal end
+
+    def set_request_id(self, request_id: str) -> None:
+        self._id = [(b"x-request-id", request_id.encode("latin-1"))] if request_id else []
 
     async def start_stream(self) -> None:
         headers = [*STREAM_HEADERS, *self._id]
@@ -250,68 +254,76 @@ class Edge:
         received = time.perf_counter()
         deps = self.deps
         assert deps is not None
-        exchange, refused = _exchange(endpoint, scope, deps)
-        http = AsgiOut(send, exchange.request_id)
+        http = AsgiOut(send)
+        timeout, bad_timeout = 0.0, None
+        try:
+            timeout = self._timeout(scope)
+        except RequestError as exc:
+            bad_timeout = exc
+        ctx, refused = _request(endpoint, scope, deps, http, received, timeout)
+        state = ctx.state
         status = CLIENT_GONE
         ticket = None
         try:
-            if refused is not None:
-                raise refused
-            timeout = self._timeout(scope)
+            if refused is not None or bad_timeout is not None:
+                raise refused or bad_timeout  # type: ignore[misc]
             ticket = self.admission.enter(key)
             body = await self._body(receive)
 
             async def answer() -> int:
-                assert ticket is not None and deps is not None
+                assert ticket is not None
                 try:
                     await ticket.wait()
                 except RequestError as exc:  # the queue timed out, or shutting down
-                    exchange.error = exc.code
+                    state.error = exc.code
                     await http.respond(exc.status, exc.body(), error_headers(exc))
                     return exc.status
-                return await serve(deps, endpoint, body, received, http, exchange, timeout)
+                return await serve(ctx, body)
 
             status = await _until_client_leaves(answer(), receive, http)
         except ClientGone:
             pass
         except RequestError as exc:
-            exchange.error = exc.code
+            state.error = exc.code
             status = exc.status
             await http.respond(exc.status, exc.body(), error_headers(exc))
         finally:
             if ticket is not None:
                 ticket.release()
-            _account(deps, endpoint, exchange, status)
+            _account(deps, ctx, status)
             if self.access_log is not None:
-                self.access_log.write("POST", exchange, status)
-            if exchange.ctx is not None:
-                exchange.ctx.release()
+                self.access_log.write("POST", ctx, status)
+            ctx.release()
 
     async def _local(self, endpoint: str, scope: Scope, receive: Receive, send: Send) -> None:
         """An endpoint answered here (local_endpoints): body, answer, access line."""
         deps = self.deps
         assert deps is not None
-        exchange, refused = _exchange(endpoint, scope, deps, LOCAL_ID_PREFIX[endpoint])
-        http = AsgiOut(send, exchange.request_id)
+        http = AsgiOut(send)
+        received = time.perf_counter()
+        ctx, refused = _request(
+            endpoint, scope, deps, http, received, id_prefix=LOCAL_ID_PREFIX[endpoint]
+        )
+        state = ctx.state
         status = CLIENT_GONE
         try:
             if refused is not None:
                 raise refused
             body = await self._body(receive)
-            answer = await LOCAL[endpoint](deps, body, exchange)
+            answer = await LOCAL[endpoint](ctx, body)
             status = 200
             await http.respond(200, answer)
         except ClientGone:
             pass
         except Exception as exc:
             err = as_request_error(exc)
-            exchange.error = err.code
+            state.error = err.code
             status = err.status
             await http.respond(err.status, err.body(), error_headers(err))
         finally:
-            _account(deps, endpoint, exchange, status)
+            _account(deps, ctx, status)
             if self.access_log is not None:
-                self.access_log.write("POST", exchange, status)
+                self.access_log.write("POST", ctx, status)
 
     async def _body(self, receive: Receive) -> bytes:
         parts: list[bytes] = []
@@ -334,10 +346,17 @@ class Edge:
                 return b"".join(parts)
 
 
-def _exchange(
-    endpoint: str, scope: Scope, deps: Deps, prefix: str | None = None
-) -> tuple[Exchange, RequestError | None]:
-    """The request's ids (X-Request-Id or minted) and trace; the error of a bad header."""
+def _request(
+    endpoint: str,
+    scope: Scope,
+    deps: Deps,
+    http: AsgiOut,
+    received: float,
+    timeout: float = 0.0,
+    id_prefix: str | None = None,
+) -> tuple[RequestContext, RequestError | None]:
+    """The request's context: its ids (X-Request-Id, else minted with `id_prefix` or the
+    endpoint's), session and trace; and the error of a bad header."""
     header = traceparent = session = None
     refused: RequestError | None = None
     for name, value in scope["headers"]:
@@ -350,36 +369,46 @@ def _exchange(
         elif name == b"content-encoding" and value.lower() not in (b"identity", b""):
             encoding = bytes(value).decode("latin-1")
             refused = UnsupportedEncodingError(encoding)
-    exchange: Exchange | None = None
+    request_id, prefix = "", ""
     if header is not None:
         try:
-            exchange = Exchange(scope["path"], *request_ids.from_header(header))
+            request_id, prefix = request_ids.from_header(header)
         except RequestError as exc:
             refused = exc
-    if exchange is None:
-        exchange = Exchange(scope["path"], request_ids.mint(prefix or ID_PREFIX[endpoint]))
-    if session:
-        exchange.session_id = bytes(session).decode("latin-1")
+    if not request_id:
+        request_id = request_ids.mint(id_prefix or ID_PREFIX[endpoint])
+    http.set_request_id(request_id)
+    ctx = new_request(
+        deps,
+        endpoint,
+        http,
+        received,
+        request_id=request_id,
+        engine_prefix=prefix,
+        session_id=bytes(session).decode("latin-1") if session else None,
+        timeout=timeout,
+        path=scope["path"],
+    )
     if deps.tracing is not None:
         carrier = {"traceparent": traceparent.decode("latin-1")} if traceparent else {}
-        exchange.trace = deps.tracing.start(
-            f"POST {scope['path']}", carrier, {"switchyard.request_id": exchange.request_id}
+        ctx.state.trace = deps.tracing.start(
+            f"POST {scope['path']}", carrier, {"switchyard.request_id": request_id}
         )
-    return exchange, refused
+    return ctx, refused
 
 
-def _account(deps: Deps, endpoint: str, exchange: Exchange, status: int) -> None:
+def _account(deps: Deps, ctx: RequestContext, status: int) -> None:
     """Count the request (by model) and end its trace."""
-    ctx = exchange.ctx
-    model = ctx.state.entry.name if ctx is not None and ctx.state.entry is not None else ""
+    state = ctx.state
+    model = state.entry.name if state.entry is not None else ""
     metrics = deps.metrics
-    metrics.requests.labels(endpoint, model, str(status)).inc()
-    if exchange.error:
-        metrics.errors.labels(model, exchange.error).inc()
-    if exchange.trace is not None:
-        fields = request_fields(exchange, status, deps.instances(), time.perf_counter())
+    metrics.requests.labels(ctx.inp.endpoint, model, str(status)).inc()
+    if state.error:
+        metrics.errors.labels(model, state.error).inc()
+    if state.trace is not None:
+        fields = request_fields(ctx, status, deps.instances(), time.perf_counter())
         attributes = {f"switchyard.{k}": v for k, v in fields.items() if v is not None}
-        exchange.trace.end(status, exchange.error, attributes)
+        state.trace.end(status, state.error, attributes)
 
 
 async def _until_client_leaves(answer: Any, receive: Receive, http: AsgiOut) -> int:

@@ -11,7 +11,6 @@ either: `max_model_len` is in the answer).
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Awaitable, Callable
 
 import orjson
@@ -25,14 +24,7 @@ from switchyard.preprocessor.errors import (
     ServiceUnavailableError,
 )
 from switchyard.preprocessor.openai_requests import ChatCompletionRequest, SamplingOptions
-from switchyard.preprocessor.stages.context import (
-    DETOKENIZE,
-    TOKENIZE,
-    Deps,
-    Exchange,
-    RequestContext,
-    RequestInput,
-)
+from switchyard.preprocessor.stages.context import DETOKENIZE, TOKENIZE, Deps, RequestContext
 from switchyard.preprocessor.stages.prompt import render_template
 from switchyard.preprocessor.tokenize_requests import parse_detokenize, parse_tokenize
 from switchyard.preprocessor.tokenizer import TokenizerBundle
@@ -64,18 +56,6 @@ def resolve(deps: Deps, model: str | None) -> tuple[ModelEntry, TokenizerBundle]
     return entry, tokenizer
 
 
-def context(
-    deps: Deps, endpoint: str, request: ChatCompletionRequest, exchange: Exchange
-) -> RequestContext:
-    """A request context for the prompt stages (the exchange's, for the access log)."""
-    ctx = RequestContext(
-        RequestInput(endpoint, exchange.request_id, request, time.perf_counter(), int(time.time())),
-        deps,
-    )
-    exchange.ctx = ctx
-    return ctx
-
-
 async def chat_prompt_ids(ctx: RequestContext, add_special_tokens: bool = False) -> list[int]:
     """The chat request's prompt ids: rendered by the chat stage, encoded as the tokenize
     stage encodes (add_special_tokens: the tokenizer's own on top, as vLLM's option)."""
@@ -93,7 +73,9 @@ async def chat_prompt_ids(ctx: RequestContext, add_special_tokens: bool = False)
     return ids
 
 
-async def tokenize(deps: Deps, body: bytes, exchange: Exchange) -> bytes:
+async def tokenize(ctx: RequestContext, body: bytes) -> bytes:
+    """`ctx`: the request's context (the prompt stages', and the access log's)."""
+    deps = ctx.deps
     req = parse_tokenize(body)
     entry, tokenizer = resolve(deps, req.model)
     chat = req.chat
@@ -106,7 +88,7 @@ async def tokenize(deps: Deps, body: bytes, exchange: Exchange) -> bytes:
         add_generation_prompt=chat.add_generation_prompt if chat is not None else True,
         continue_final_message=chat.continue_final_message if chat is not None else False,
     )
-    ctx = context(deps, TOKENIZE, request, exchange)
+    ctx.state.request = request
     ctx.state.entry, ctx.state.tokenizer = entry, tokenizer
     if chat is not None:
         ids = await chat_prompt_ids(ctx, req.add_special_tokens)
@@ -128,11 +110,11 @@ async def tokenize(deps: Deps, body: bytes, exchange: Exchange) -> bytes:
     )
 
 
-async def detokenize(deps: Deps, body: bytes, exchange: Exchange) -> bytes:
+async def detokenize(ctx: RequestContext, body: bytes) -> bytes:
     req = parse_detokenize(body)
-    entry, tokenizer = resolve(deps, req.model)
-    request = ChatCompletionRequest(entry.name, (), SamplingOptions())
-    context(deps, DETOKENIZE, request, exchange).state.entry = entry
+    entry, tokenizer = resolve(ctx.deps, req.model)
+    ctx.state.request = ChatCompletionRequest(entry.name, (), SamplingOptions())
+    ctx.state.entry = entry
     ids = list(req.tokens)
     for i, token in enumerate(ids):
         if token >= tokenizer.vocab_size:
@@ -145,7 +127,7 @@ async def detokenize(deps: Deps, body: bytes, exchange: Exchange) -> bytes:
     return orjson.dumps({"prompt": tokenizer.decode(ids, skip_special_tokens=False)})
 
 
-LOCAL: dict[str, Callable[[Deps, bytes, Exchange], Awaitable[bytes]]] = {
+LOCAL: dict[str, Callable[[RequestContext, bytes], Awaitable[bytes]]] = {
     TOKENIZE: tokenize,
     DETOKENIZE: detokenize,
 }

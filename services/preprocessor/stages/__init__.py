@@ -1,8 +1,6 @@
-"""The request path as named stages over one context object.
+"""The request path: each endpoint's named stages over one context object (see endpoints).
 
-Layout: context (input, deps, state), endpoints (the stage list per endpoint and `serve`),
-prompt (model, template, tokenize, check), generation (route, prefill hop, dispatch,
-migration), token_loop (the per-token loop), choice (one choice's text path), sinks (SSE or
-JSON out), responses (the Responses API's object, events and sinks), embed (embeddings),
-watchdog (silent attempts), timing (--stage-timing).
+Layout: context (contracts), endpoints (stage lists, serve), prompt, fanout, lifecycle (the
+attempt state machine), migration (the policy), generation, token_loop (hot path), choice,
+answer, sinks, responses, embed, watchdog, timing, logprobs.
 """

@@ -1,15 +1,21 @@
-"""The one object every stage of a request works on: immutable input, shared dependencies,
-per-request state (RequestContext = RequestInput + Deps + RequestState).
+"""The contracts of the request path: what a request is, what every request shares, and what
+the stages write to and read from.
 
-Stages read `inp` and `deps` and write only `state`; nothing here does I/O.
+A request is one `RequestContext`: `inp` (RequestInput, frozen: what arrived before its body
+was read: endpoint, ids, clock, deadline, where the answer goes), `deps` (Deps: the process's
+clients and lookups, shared) and `state` (RequestState: what the stages learn and decide,
+the parsed body first). The edge builds it, `endpoints.serve` runs the endpoint's stages on
+it, the access log reads it afterwards. `HttpOut` is the answer's channel, `Sink` what the
+token loop writes a request's output to. Nothing here does I/O.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from switchyard.preprocessor.catalog import ModelEntry
 from switchyard.preprocessor.metrics import PreprocessorMetrics
@@ -27,9 +33,12 @@ from switchyard.protos.messages import Instance, SamplingParams
 
 if TYPE_CHECKING:
     from switchyard.preprocessor.dispatcher_client import DispatcherClient
+    from switchyard.preprocessor.errors import RequestError
+    from switchyard.preprocessor.parsers import ParsedDelta
     from switchyard.preprocessor.router_client import RouterClient
     from switchyard.preprocessor.stages.choice import ChoiceOutput
     from switchyard.preprocessor.stages.generation import Generation
+    from switchyard.preprocessor.stages.sinks import Usage
     from switchyard.preprocessor.tracing import Trace, Tracing
 
 CHAT = "chat_completions"
@@ -40,6 +49,44 @@ TOKENIZE = "tokenize"  # answered without an engine (local_endpoints)
 DETOKENIZE = "detokenize"
 # The router's session key (session affinity); without it, the body's `user` is the key.
 SESSION_HEADER = "x-session-id"
+
+Body: TypeAlias = ChatCompletionRequest | CompletionRequest | EmbeddingRequest
+
+
+class HttpOut(Protocol):
+    """The response side of one HTTP exchange (edge.py implements it over ASGI)."""
+
+    async def start_stream(self) -> None: ...
+
+    async def write(self, data: bytes) -> None: ...
+
+    async def end_stream(self, data: bytes = b"") -> None: ...
+
+    async def respond(self, status: int, body: bytes) -> None: ...
+
+
+class Sink(Protocol):
+    """What the token loop writes a request's output to (a stream or one body at the end);
+    each endpoint's sinks implement it: sinks.py's for chat and completions, responses.py's
+    for the Responses API."""
+
+    started: bool  # the status line went out: a failure now goes inside the answer
+
+    def content(self, choice: ChoiceOutput, text: str) -> None: ...
+
+    def echo(self, choice: ChoiceOutput) -> None: ...
+
+    def parsed(self, choice: ChoiceOutput, parsed: ParsedDelta) -> None: ...
+
+    def logprobs(self, choice: ChoiceOutput, part: Any) -> None: ...
+
+    def finish(self, choice: ChoiceOutput) -> None: ...
+
+    async def flush(self) -> None: ...
+
+    async def end(self, choices: list[ChoiceOutput], usage: Usage) -> None: ...
+
+    async def fail(self, err: RequestError) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +101,8 @@ class Limits:
     busy_seconds: float = 1.0  # how long an overloaded engine is avoided
     offload_chars: int = 2048  # texts this long are tokenized on a worker thread
     # A request the client does not stream is asked of the engine whole (one final message)
-    # unless something needs its tokens as they come (see Generation.start); False: always
-    # stream from the engine (--engine-streaming always).
+    # unless something needs its tokens as they come (see generation.whole_unless_hop);
+    # False: always stream from the engine (--engine-streaming always).
     whole_replies: bool = True
 
 
@@ -79,17 +126,19 @@ class Deps:
 
 @dataclass(frozen=True, slots=True)
 class RequestInput:
+    """What arrived, known before the body is read."""
+
     endpoint: str  # CHAT | COMPLETIONS | EMBEDDINGS | RESPONSES
     request_id: str  # the client's X-Request-Id or a minted one: the response's `id`
-    request: ChatCompletionRequest | CompletionRequest | EmbeddingRequest
-    received: float  # time.perf_counter() when the body was read
-    created: int  # unix seconds, for the response's `created`
+    http: HttpOut  # where the answer goes
+    received: float  # time.perf_counter() when the request came in
+    path: str = ""  # the HTTP path (the access log's route)
     # The engine request ids' prefix: unique per request even when two clients send the same
     # X-Request-Id ("" : the request id itself, a minted one is unique).
     engine_prefix: str = ""
-    session_id: str | None = None  # the x-session-id header, else the body's `user`
-
+    session_id: str | None = None  # the x-session-id header
     timeout: float = 0.0  # the request's deadline, seconds after `received` (0: none)
+    created: int = field(default_factory=lambda: int(time.time()))  # the answer's `created`
 
     @property
     def engine_id(self) -> str:
@@ -100,6 +149,9 @@ class RequestInput:
 class RequestState:
     """Filled in stage by stage."""
 
+    raw: bytes = b""  # the body as read (the `parse` stage consumes it)
+    request: Body | None = None  # the parsed body (the `parse` stage)
+    session_id: str | None = None  # the router's session key: the header, else `user`
     entry: ModelEntry | None = None
     tokenizer: TokenizerBundle | None = None
     parsers: ParserChoice | None = None  # the model's output parsers (chat)
@@ -112,32 +164,20 @@ class RequestState:
     top_logprobs: int = 0  # alternatives per token the client gets (chat)
     reasoning: bool = False  # the output starts in the model's reasoning
     queue: ReplyQueue = field(default_factory=ReplyQueue)
+    sink: Sink | None = None  # where the output goes (the `generate` stage makes it)
     choices: list[ChoiceOutput] = field(default_factory=list)
     generations: list[Generation] = field(default_factory=list)
-    # attempt id -> its generation: replies of attempts that ended are ignored.
+    # engine request id -> its generation: replies of attempts that ended are ignored.
     attempts: dict[str, Generation] = field(default_factory=dict)
     unfinished: int = 0  # choices still generating
+    restarts: int = 0  # times the whole request started over from its prompt
     first_token_at: float | None = None
     migrations: int = 0
-    usage: Any = None  # sinks.Usage, once the request finished
+    active: bool = False  # counted in the active-requests gauge
+    usage: Usage | None = None  # once the request finished
+    error: str = ""  # the error code of a failed request (in a stream too)
     trace: Trace | None = None  # tracing on: the request's spans
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-class Exchange:
-    """One HTTP exchange as the edge sees it: the ids it gave the request, and what `serve`
-    reports back for the access log and the metrics."""
-
-    __slots__ = ("path", "request_id", "engine_prefix", "session_id", "ctx", "error", "trace")
-
-    def __init__(self, path: str, request_id: str, engine_prefix: str = "") -> None:
-        self.path = path
-        self.request_id = request_id
-        self.engine_prefix = engine_prefix
-        self.session_id: str | None = None  # the x-session-id header
-        self.ctx: RequestContext | None = None  # None: the body did not parse
-        self.error = ""  # the error code of a failed request (in a stream too)
-        self.trace: Trace | None = None  # tracing on: the request's spans
 
 
 @dataclass(slots=True)
@@ -147,13 +187,20 @@ class RequestContext:
     state: RequestState = field(default_factory=RequestState)
 
     @property
+    def request(self) -> Body:
+        """The parsed body (every stage after `parse` may read it)."""
+        request = self.state.request
+        if request is None:
+            raise RuntimeError("the request body is read by the parse stage, first")
+        return request
+
+    @property
     def loop(self) -> asyncio.AbstractEventLoop:
         return asyncio.get_running_loop()
 
     def release(self) -> None:
         """The exchange is over (answered, logged): its generations, which point back at
-        it, are let go, so reference counting frees the request's objects at once. Left in
-        that cycle they lived until a garbage collection, and the collections that walked
-        them cost the preprocessor about 5% of its CPU at concurrency 32, with pauses of up
-        to 40 ms."""
+        it, are let go, so reference counting frees the request's objects at once (left in
+        that cycle they would wait for a garbage collection, which walks them all)."""
         self.state.generations = []
+        self.state.attempts = {}

@@ -1,11 +1,12 @@
-"""POST /v1/embeddings as stages: parse, model, tokenize, check, embed, finish.
+"""POST /v1/embeddings's own stages: tokenize, embed, and its finish (`respond`).
 
 An embedding model is one whose engines report `is_generation` false. Every input is tokenized
 as the model's tokenizer does for embeddings (its special tokens added), refused early when it
 cannot fit the context; the inputs go to one embedding engine as one EmbedRequest (one reply
-with a vector per input), retried on another engine when that one fails with a migratable
-fault. Vectors come as float32 bytes: floats for `encoding_format` "float", the same bytes in
-base64 otherwise (OpenAI's format).
+with a vector per input), routed as a generation's attempt is (lifecycle.route) and moved to
+another engine on a fault as the one migration policy says (migration.py). Vectors come as
+float32 bytes: floats for `encoding_format` "float", the same bytes in base64 otherwise
+(OpenAI's format).
 """
 
 from __future__ import annotations
@@ -19,27 +20,26 @@ from array import array
 import orjson
 
 from switchyard.common import errors
-from switchyard.common.errors import EngineError
-from switchyard.preprocessor.dispatcher_client import NoDispatcher
 from switchyard.preprocessor.errors import (
     CONTEXT_LENGTH_EXCEEDED,
     INVALID_VALUE,
     UNSUPPORTED_VALUE,
+    DeadlineExceededError,
     InvalidRequestError,
-    NoWorker,
 )
 from switchyard.preprocessor.openai_requests import EmbeddingRequest
 from switchyard.preprocessor.prompt_encoder import PromptTooLong
-from switchyard.preprocessor.router_client import route_around
+from switchyard.preprocessor.stages import lifecycle
 from switchyard.preprocessor.stages.context import RequestContext
-from switchyard.preprocessor.stages.sinks import HttpOut
-from switchyard.protos.messages import Embeddings, EmbedRequest, GenerateFailed, RouteRequest
+from switchyard.preprocessor.stages.generation import engine_request_id
+from switchyard.preprocessor.stages.migration import Placement, judge
+from switchyard.protos.messages import Embeddings, EmbedRequest, GenerateFailed
 
 
 async def tokenize(ctx: RequestContext) -> None:
     state = ctx.state
     tokenizer = state.tokenizer
-    req = ctx.inp.request
+    req = ctx.request
     assert tokenizer is not None and state.entry is not None
     assert isinstance(req, EmbeddingRequest)
     limit = state.entry.context_length
@@ -80,27 +80,37 @@ def _too_long(limit: int, tokens: int, param: str) -> InvalidRequestError:
     )
 
 
-async def embed(ctx: RequestContext) -> Embeddings:
-    """One EmbedRequest for every input, on one embedding engine; migrated on faults."""
+async def embed(ctx: RequestContext) -> None:
+    """The `embed` stage: one EmbedRequest for every input, on one embedding engine, within
+    the request's deadline."""
+    state = ctx.state
+    state.active = True
+    ctx.deps.metrics.active.inc()
+    timeout = ctx.inp.timeout
+    if not timeout:
+        state.extra["embeddings"] = await _attempts(ctx)
+        return
+    left = timeout - (time.perf_counter() - ctx.inp.received)
+    try:
+        async with asyncio.timeout(max(0.0, left)):
+            state.extra["embeddings"] = await _attempts(ctx)
+    except TimeoutError:
+        raise DeadlineExceededError(timeout) from None
+
+
+async def _attempts(ctx: RequestContext) -> Embeddings:
+    """Route -> dispatch -> one reply, migrated on faults as the migration policy says."""
     deps = ctx.deps
     state = ctx.state
     limits = deps.limits
-    exclude: list[int] = []
-    refused: list[int] = []  # as Generation.refused: avoided while another engine is left
-    failure: GenerateFailed | None = None
-    for attempt in range(limits.migration_limit + 1):
-        engine_id = ctx.inp.engine_id
-        request_id = engine_id if attempt == 0 else f"{engine_id}.m{attempt}"
-        route = RouteRequest(
-            request_id=request_id,
-            model=ctx.inp.request.model,
-            token_ids=state.prompt_ids[0],
-            exclude=exclude,
+    placement = Placement()
+    while True:
+        attempt = placement.attempt
+        request_id = engine_request_id(ctx.inp.engine_id, 0, -1, 0, attempt)
+        routed = await lifecycle.route(
+            ctx, request_id, state.prompt_ids[0], placement, attempt=attempt
         )
-        routed = await route_around(deps.router, route, limits.route_timeout, refused)
-        if routed.instance_id is None:
-            model = ctx.inp.request.model
-            raise NoWorker(routed.error, f"no engine available for model {model!r}", model)
+        assert routed.instance_id is not None
         state.extra["instance_id"] = routed.instance_id  # for the access log
         request = EmbedRequest(
             request_id=request_id,
@@ -108,10 +118,7 @@ async def embed(ctx: RequestContext) -> Embeddings:
             inputs=state.prompt_ids,
             http_request_id=ctx.inp.request_id,
         )
-        try:
-            stream = await deps.dispatcher.open(request, state.queue)
-        except NoDispatcher as exc:
-            raise NoWorker("no_dispatcher", str(exc)) from None
+        stream = await lifecycle.open_stream(ctx, request, state.queue)
         try:
             async with asyncio.timeout(limits.first_token_timeout):
                 reply = await state.queue.get()
@@ -130,23 +137,7 @@ async def embed(ctx: RequestContext) -> Embeddings:
         if type(reply) is Embeddings:
             return reply
         assert type(reply) is GenerateFailed
-        failure = reply
-        if failure.kind not in errors.MIGRATABLE:
-            raise EngineError(failure.kind, failure.message, failure.instance_id)
-        if failure.kind == errors.OVERLOADED:
-            await deps.router.busy(failure.instance_id, limits.busy_seconds)
-        if failure.kind == errors.REFUSED:
-            refused.append(failure.instance_id)
-        elif failure.engine_fault:
-            exclude.append(failure.instance_id)
-        entry = state.entry
-        deps.metrics.migrations.labels(entry.name if entry else "", failure.kind).inc()
-    assert failure is not None
-    raise EngineError(
-        failure.kind,
-        f"gave up after {limits.migration_limit} retries: {failure.message}",
-        failure.instance_id,
-    )
+        await judge(deps, state, placement, reply)  # raises when the request fails
 
 
 def _floats(vector: bytes) -> list[float]:
@@ -157,9 +148,10 @@ def _floats(vector: bytes) -> list[float]:
     return values.tolist()
 
 
-async def respond(ctx: RequestContext, result: Embeddings, http: HttpOut) -> None:
-    t0 = time.perf_counter()
-    req = ctx.inp.request
+async def respond(ctx: RequestContext) -> None:
+    """The embeddings' `finish` stage: the vectors as OpenAI's list."""
+    result: Embeddings = ctx.state.extra["embeddings"]
+    req = ctx.request
     assert isinstance(req, EmbeddingRequest)
     if req.dimensions is not None and req.dimensions != result.dimensions:
         raise InvalidRequestError(
@@ -185,10 +177,8 @@ async def respond(ctx: RequestContext, result: Embeddings, http: HttpOut) -> Non
         "model": req.model,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
-    await http.respond(200, orjson.dumps(body))
+    await ctx.inp.http.respond(200, orjson.dumps(body))
     metrics = ctx.deps.metrics
     model = ctx.state.entry.name if ctx.state.entry is not None else ""
     metrics.duration.labels(model).observe(time.perf_counter() - ctx.inp.received)
     metrics.input_tokens.labels(model).inc(tokens)
-    if ctx.deps.timer is not None:
-        ctx.deps.timer.add("finish", time.perf_counter() - t0)

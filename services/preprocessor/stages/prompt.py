@@ -39,7 +39,7 @@ from switchyard.protos.messages import PROTOCOL_SGLANG, Constraint, SamplingPara
 
 
 def resolve_model(ctx: RequestContext) -> None:
-    model = ctx.inp.request.model
+    model = ctx.request.model
     entry = ctx.deps.catalog().get(model)
     if entry is None:
         if not ctx.deps.catalog():
@@ -60,12 +60,12 @@ def resolve_model(ctx: RequestContext) -> None:
         raise InvalidRequestError(f"The model {model!r} is {what}.", "model_not_supported", "model")
     ctx.state.entry = entry
     ctx.state.tokenizer = tokenizer
-    if isinstance(ctx.inp.request, ChatCompletionRequest):  # chat, and Responses as chat
+    if isinstance(ctx.request, ChatCompletionRequest):  # chat, and Responses as chat
         ctx.state.parsers = ctx.deps.parsers(model, tokenizer)
 
 
 def render_template(ctx: RequestContext) -> None:
-    req = ctx.inp.request
+    req = ctx.request
     tokenizer = ctx.state.tokenizer
     assert isinstance(req, ChatCompletionRequest) and tokenizer is not None
     template = tokenizer.chat_template
@@ -107,7 +107,7 @@ def _continue_final(text: str, last: dict) -> str:
 
 def outputs(ctx: RequestContext) -> None:
     """The constraint tool_choice asks for (the parsers are made per choice in `generate`)."""
-    req = ctx.inp.request
+    req = ctx.request
     assert isinstance(req, ChatCompletionRequest)
     choice = ctx.state.parsers
     if req.tools and req.tool_choice in ("required",) or isinstance(req.tool_choice, dict):
@@ -132,7 +132,7 @@ def outputs(ctx: RequestContext) -> None:
 def _prompt_budget(ctx: RequestContext) -> int:
     """The most prompt tokens that can still fit with the requested completion."""
     assert ctx.state.entry is not None
-    max_tokens = ctx.inp.request.sampling.max_tokens or 1
+    max_tokens = ctx.request.sampling.max_tokens or 1
     return max(0, ctx.state.entry.context_length - max_tokens)
 
 
@@ -140,7 +140,7 @@ async def tokenize(ctx: RequestContext) -> None:
     state = ctx.state
     tokenizer = state.tokenizer
     assert tokenizer is not None and state.entry is not None
-    req = ctx.inp.request
+    req = ctx.request
     if isinstance(req, CompletionRequest):
         state.param = "prompt"
         state.prompt_texts = [p if isinstance(p, str) else None for p in req.prompts]
@@ -181,7 +181,7 @@ async def tokenize(ctx: RequestContext) -> None:
 def check(ctx: RequestContext) -> None:
     state = ctx.state
     assert state.entry is not None and state.tokenizer is not None
-    req = ctx.inp.request
+    req = ctx.request
     assert not isinstance(req, EmbeddingRequest)  # embeddings take the embed stage
     opts = req.sampling
     batch = len(state.prompt_ids) > 1

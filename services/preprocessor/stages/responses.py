@@ -32,7 +32,8 @@ import orjson
 from switchyard.preprocessor.errors import RequestError
 from switchyard.preprocessor.parsers import ParsedDelta, ToolCallDelta
 from switchyard.preprocessor.stages.choice import ChoiceOutput
-from switchyard.preprocessor.stages.sinks import HttpOut, SseBody, Usage
+from switchyard.preprocessor.stages.context import HttpOut
+from switchyard.preprocessor.stages.sinks import SseBody, Usage
 
 MESSAGE, REASONING, CALL = "message", "reasoning", "function_call"
 _PREFIX = {MESSAGE: "msg", REASONING: "rs", CALL: "fc"}

@@ -5,13 +5,13 @@ chunk with the first content; finish, usage and [DONE] together): what one choic
 in a batch (text, reasoning, tool-call deltas, logprobs) is one chunk. The HTTP status goes
 out with the first write, so a failure before any output still gets a proper error status.
 `CollectSink` keeps everything per choice and answers once, at the end. Plain text (no
-parsers, no logprobs) takes a pre-encoded fast path. `Sink` is what the token loop needs of
-any sink (responses.py has the Responses API's).
+parsers, no logprobs) takes a pre-encoded fast path. Both implement context.Sink
+(responses.py has the Responses API's).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
@@ -19,42 +19,7 @@ from switchyard.preprocessor import sse
 from switchyard.preprocessor.errors import RequestError
 from switchyard.preprocessor.parsers import ParsedDelta, ToolCallDelta
 from switchyard.preprocessor.stages.choice import ChoiceOutput
-
-
-class HttpOut(Protocol):
-    """The response side of one HTTP exchange (edge.py implements it over ASGI)."""
-
-    async def start_stream(self) -> None: ...
-
-    async def write(self, data: bytes) -> None: ...
-
-    async def end_stream(self, data: bytes = b"") -> None: ...
-
-    async def respond(self, status: int, body: bytes) -> None: ...
-
-
-class Sink(Protocol):
-    """What the token loop writes a request's output to (a stream or one body at the end);
-    each endpoint's sinks implement it: these for chat and completions, responses.py's for
-    the Responses API."""
-
-    started: bool  # the status line went out: a failure now goes inside the answer
-
-    def content(self, choice: ChoiceOutput, text: str) -> None: ...
-
-    def echo(self, choice: ChoiceOutput) -> None: ...
-
-    def parsed(self, choice: ChoiceOutput, parsed: ParsedDelta) -> None: ...
-
-    def logprobs(self, choice: ChoiceOutput, part: Any) -> None: ...
-
-    def finish(self, choice: ChoiceOutput) -> None: ...
-
-    async def flush(self) -> None: ...
-
-    async def end(self, choices: list[ChoiceOutput], usage: Usage) -> None: ...
-
-    async def fail(self, err: RequestError) -> bool: ...
+from switchyard.preprocessor.stages.context import HttpOut
 
 
 class Usage:

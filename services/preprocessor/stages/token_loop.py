@@ -1,29 +1,34 @@
-"""The `stream` stage: every reply of every attempt of a request, in one loop (hot path).
+"""The token loop: every reply of every attempt of a request turned into output (hot path).
 
-Per batch of replies that arrived together: each token delta goes to its choice (by attempt id
-and engine index) and through the choice's text path (detokenize, stop strings, parsers) into
-the sink, with its logprobs; a final message ends its choice; a failure migrates its attempt
-(Generation.fail). Then the batch's frames are written in one go, and only after that is the
-router told of first tokens (the client has them first). An attempt silent for too long (the
-watchdog) fails like a cut stream; a request past its deadline, or ended by a shutdown,
-raises (its engine requests are then aborted). There are no generator layers and no timer
-per token: one wake-up per batch, one write per batch.
+`TokenLoop.apply` is the per-batch work, behind one narrow boundary: a batch of replies that
+arrived together in; out, the choices' output framed into the sink (each token delta goes to
+its choice by attempt id and engine index, through the choice's text path: detokenize, stop
+strings, parsers, logprobs) and the events of the batch: attempts that produced their first
+token, ended (final message) or were stopped (stop strings), and failed. It does no I/O and
+takes no decision. `TokenLoop.run` is the shell around it: it waits for a batch (one wake-up
+per batch, no timer per token), applies it, writes the batch's frames in one go, and only
+then tells the router of first tokens and ends (the client has them first). A failure (an
+engine's, or an attempt the watchdog found silent) ends `run` with the failures of the batch,
+its output still held: the lifecycle decides what follows (lifecycle.stream) and calls `run`
+again, which writes the held output first. A request past its deadline, or ended by a
+shutdown, raises (its engine requests are then aborted).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any, NamedTuple
 
 import msgspec
 
 from switchyard.preprocessor.parsers.types import EMPTY
 from switchyard.preprocessor.prefill_hop import HopStream
 from switchyard.preprocessor.stages.choice import ChoiceOutput
-from switchyard.preprocessor.stages.context import RequestContext
+from switchyard.preprocessor.stages.context import RequestContext, Sink
 from switchyard.preprocessor.stages.generation import Generation
 from switchyard.preprocessor.stages.logprobs import chat_entries
-from switchyard.preprocessor.stages.sinks import Sink
 from switchyard.preprocessor.stages.watchdog import Watchdog
 from switchyard.protos.messages import (
     GenerateFailed,
@@ -31,6 +36,16 @@ from switchyard.protos.messages import (
     TokenDelta,
     TokenLogprobs,
 )
+
+Failures = list[tuple[Generation, GenerateFailed]]
+
+
+class Transitions(NamedTuple):
+    """What the token loop reports of an attempt (lifecycle.py implements them)."""
+
+    first_token: Callable[[Generation], Awaitable[None]]  # the client has its first token
+    done: Callable[[Generation], Awaitable[None]]  # its engine request ended
+    stop: Callable[[Generation], Awaitable[None]]  # no longer needed (stop strings)
 
 
 def _logprobs(ctx: RequestContext, sink: Sink, choice: ChoiceOutput, reply: TokenDelta) -> None:
@@ -82,40 +97,170 @@ def end_at(ctx: RequestContext) -> float | None:
     return asyncio.get_running_loop().time() + timeout - spent
 
 
-async def stream(ctx: RequestContext, sink: Sink) -> None:
-    """Runs until every choice has finished; raises the request's failure."""
-    state = ctx.state
-    deps = ctx.deps
-    limits = deps.limits
-    queue = state.queue
-    attempts = state.attempts
-    timer = deps.timer
-    model = state.entry.name if state.entry is not None else ""
-    itl = deps.metrics.itl.labels(model)  # looked up once per request, observed per batch
-    clock = asyncio.get_running_loop().time
-    watchdog = Watchdog(
-        queue,
-        state.generations,
-        limits.first_token_timeout,
-        limits.gap_timeout,
-        end_at(ctx),
-        ctx.inp.timeout,
-        deps.shutdown,
+class TokenLoop:
+    __slots__ = (
+        "_ctx",
+        "_sink",
+        "_on",
+        "_itl",
+        "_model",
+        "_clock",
+        "watchdog",
+        "_last_tokens_at",
+        "_held",
+        "_firsts",
+        "_ended",
+        "_stopped",
+        "_failures",
     )
-    watchdog.arm()
-    last_tokens_at = 0.0
-    firsts: list[Generation] = []
-    ended: list[Generation] = []
-    stopped: list[Generation] = []
-    try:
+
+    def __init__(self, ctx: RequestContext, transitions: Transitions) -> None:
+        state = ctx.state
+        deps = ctx.deps
+        limits = deps.limits
+        assert state.sink is not None
+        self._ctx = ctx
+        self._sink: Sink = state.sink
+        self._on = transitions
+        self._model = state.entry.name if state.entry is not None else ""
+        self._itl = deps.metrics.itl.labels(self._model)  # looked up once per request
+        self._clock = asyncio.get_running_loop().time
+        self.watchdog = Watchdog(
+            state.queue,
+            state.generations,
+            limits.first_token_timeout,
+            limits.gap_timeout,
+            end_at(ctx),
+            ctx.inp.timeout,
+            deps.shutdown,
+        )
+        self._last_tokens_at = 0.0
+        self._held: tuple[bool, float, float] | None = None  # a batch not written yet
+        self._firsts: list[tuple[Generation, str]] = []  # (generation, its attempt id)
+        self._ended: list[Generation] = []
+        self._stopped: list[Generation] = []
+        self._failures: Failures = []
+
+    def close(self) -> None:
+        self.watchdog.cancel()
+
+    # ---- one batch of replies in, output and events out (no I/O) --------------------------
+
+    def apply(self, items: Any, now: float) -> bool:
+        """Apply one batch of replies; True when it brought streamed tokens (for the TTFT and
+        inter-token metrics)."""
+        attempts = self._ctx.state.attempts
+        got_tokens = False
+        for reply in items:
+            gen = attempts.get(reply.request_id)
+            if gen is None:
+                continue  # an attempt that ended (migrated, stopped)
+            kind = type(reply)
+            if kind is GenerateFailed:
+                if gen.unfinished:  # (else its choices are done: it is being stopped)
+                    del attempts[reply.request_id]  # the rest of its replies are stale
+                    self._failures.append((gen, reply))
+                continue
+            index = reply.index
+            if index >= len(gen.choices):
+                continue
+            choice = gen.choices[index]
+            if choice.done:
+                continue
+            if kind is TokenDelta:
+                if self._tokens(gen, choice, reply, now):
+                    got_tokens = True
+            elif kind is GenerateFinished:
+                self._finished(gen, choice, reply)
+        return got_tokens
+
+    def _tokens(self, gen: Generation, choice: ChoiceOutput, reply: TokenDelta, now: float) -> bool:
+        """A token delta through its choice's text path; True when it streamed tokens."""
+        sink = self._sink
+        gen.last = now
+        if choice.replay_at >= 0:  # a migrated constrained output, coming again
+            replay = _past_replay(gen, choice, reply)
+            if replay is None:
+                return False
+            reply = replay
+        ids = reply.token_ids
+        if reply.detail is not None:
+            _logprobs(self._ctx, sink, choice, reply)
+        elif choice.echo and not choice.echoed:
+            sink.echo(choice)
+        if not ids:
+            return False
+        choice.generated += ids
+        if not gen.got_tokens:
+            gen.got_tokens = True
+            if isinstance(gen.stream, HopStream):
+                gen.stream.started = True
+            self._firsts.append((gen, gen.attempt_id))
+            self.watchdog.arm()  # its deadline is now the (shorter) gap timeout
+        if choice.parser is None:
+            text = choice.text(ids)
+            if text:
+                sink.content(choice, text)
+        else:
+            parsed = choice.parsed(ids)
+            if parsed is not EMPTY:
+                sink.parsed(choice, parsed)
+        if choice.done:  # a stop string completed
+            choice.stopped_reason()
+            sink.finish(choice)
+            self._ctx.state.unfinished -= 1
+            gen.unfinished -= 1
+            if not gen.unfinished:
+                self._stopped.append(gen)
+        return not gen.whole  # a whole reply's time is no first token's, no ITL
+
+    def _finished(self, gen: Generation, choice: ChoiceOutput, reply: GenerateFinished) -> None:
+        """The engine's end of a choice: its held-back output, its finish."""
+        sink = self._sink
+        if choice.replay_at >= 0:  # it ended before the output so far came again
+            raise gen.diverged(choice)
+        if choice.echo and not choice.echoed:
+            sink.echo(choice)
+        tail = choice.finish(reply.finish_reason)
+        # A migrated attempt's prompt holds the output so far: cached, that is no prompt
+        # token the client sent.
+        choice.cached_tokens = min(reply.cached_tokens, len(choice.prompt))
+        if type(tail) is str:
+            if tail:
+                sink.content(choice, tail)
+        elif tail is not EMPTY:
+            sink.parsed(choice, tail)  # type: ignore[arg-type]
+        sink.finish(choice)
+        self._ctx.state.unfinished -= 1
+        gen.unfinished -= 1
+        if not gen.unfinished:
+            self._ended.append(gen)
+
+    # ---- the shell: wait, apply, write, report ---------------------------------------------
+
+    async def run(self) -> Failures:
+        """Until every choice finished ([]), or some attempts failed (their failures)."""
+        state = self._ctx.state
+        queue = state.queue
+        watchdog = self.watchdog
+        timer = self._ctx.deps.timer
+        clock = self._clock
+        watchdog.arm()  # (again after failures: the attempts changed)
+        if self._held is not None:  # the batch whose failures were just handled
+            got, now, t0 = self._held
+            self._held = None
+            await self._deliver(got, now, t0)
         while state.unfinished:
             if watchdog.expired:
                 end = watchdog.end_error()
                 if end is not None:
                     raise end  # past the deadline, or shut down: the engine requests abort
                 if queue.empty():
-                    for late in watchdog.overdue():
-                        await late.fail(late.silent(watchdog.timeout(late)))
+                    late = [(gen, gen.silent(watchdog.timeout(gen))) for gen in watchdog.overdue()]
+                    if late:
+                        for gen, _ in late:
+                            state.attempts.pop(gen.attempt_id, None)
+                        return late
                     watchdog.arm()
                     continue
             if queue.empty():
@@ -124,104 +269,45 @@ async def stream(ctx: RequestContext, sink: Sink) -> None:
             items = queue.take()
             t0 = time.perf_counter() if timer is not None else 0.0
             now = clock()
-            got_tokens = False
-            for reply in items:
-                gen = attempts.get(reply.request_id)
-                if gen is None:
-                    continue  # an attempt that ended (migrated, stopped)
-                kind = type(reply)
-                if kind is GenerateFailed:
-                    await gen.fail(reply)
-                    watchdog.ensure()
-                    continue
-                index = reply.index
-                if index >= len(gen.choices):
-                    continue
-                choice = gen.choices[index]
-                if choice.done:
-                    continue
-                if kind is TokenDelta:
-                    gen.last = now
-                    if choice.replay_at >= 0:  # a migrated constrained output, coming again
-                        reply = _past_replay(gen, choice, reply)
-                        if reply is None:
-                            continue
-                    ids = reply.token_ids
-                    if reply.detail is not None:
-                        _logprobs(ctx, sink, choice, reply)
-                    elif choice.echo and not choice.echoed:
-                        sink.echo(choice)
-                    if not ids:
-                        continue
-                    choice.generated += ids
-                    if not gen.whole:  # a whole reply's time is no first token's, no ITL
-                        got_tokens = True
-                    if not gen.got_tokens:
-                        gen.got_tokens = True
-                        if isinstance(gen.stream, HopStream):
-                            gen.stream.started = True
-                        firsts.append(gen)
-                        watchdog.arm()  # its deadline is now the (shorter) gap timeout
-                    if choice.parser is None:
-                        text = choice.text(ids)
-                        if text:
-                            sink.content(choice, text)
-                    else:
-                        parsed = choice.parsed(ids)
-                        if parsed is not EMPTY:
-                            sink.parsed(choice, parsed)
-                    if choice.done:  # a stop string completed
-                        choice.stopped_reason()
-                        sink.finish(choice)
-                        state.unfinished -= 1
-                        gen.unfinished -= 1
-                        if not gen.unfinished:
-                            stopped.append(gen)
-                elif kind is GenerateFinished:
-                    if choice.replay_at >= 0:  # it ended before the output so far came again
-                        raise gen.diverged(choice)
-                    if choice.echo and not choice.echoed:
-                        sink.echo(choice)
-                    tail = choice.finish(reply.finish_reason)
-                    # A migrated attempt's prompt holds the output so far: cached, that is
-                    # no prompt token the client sent.
-                    choice.cached_tokens = min(reply.cached_tokens, len(choice.prompt))
-                    if type(tail) is str:
-                        if tail:
-                            sink.content(choice, tail)
-                    elif tail is not EMPTY:
-                        sink.parsed(choice, tail)  # type: ignore[arg-type]
-                    sink.finish(choice)
-                    state.unfinished -= 1
-                    gen.unfinished -= 1
-                    if not gen.unfinished:
-                        ended.append(gen)
-            if got_tokens:
-                if state.first_token_at is None:
-                    state.first_token_at = time.perf_counter()
-                    deps.metrics.ttft.labels(model).observe(state.first_token_at - ctx.inp.received)
-                else:
-                    itl.observe(now - last_tokens_at)
-                last_tokens_at = now
-            if timer is not None:
-                t1 = time.perf_counter()
-                timer.add("stream", t1 - t0)
-                await sink.flush()
-                timer.add("write", time.perf_counter() - t1)
+            got = self.apply(items, now)
+            if self._failures:
+                self._held = (got, now, t0)
+                failures, self._failures = self._failures, []
+                return failures
+            await self._deliver(got, now, t0)
+        return []
+
+    async def _deliver(self, got_tokens: bool, now: float, t0: float) -> None:
+        """Write a batch's output, then report its first tokens and ends."""
+        ctx = self._ctx
+        state = ctx.state
+        if got_tokens:
+            if state.first_token_at is None:
+                state.first_token_at = time.perf_counter()
+                ttft = state.first_token_at - ctx.inp.received
+                ctx.deps.metrics.ttft.labels(self._model).observe(ttft)
             else:
-                await sink.flush()
-            if firsts:
-                for gen in firsts:
-                    if gen.open:
-                        await gen.first_token_sent()
-                firsts.clear()
-            if ended:
-                for gen in ended:
-                    await gen.finished()
-                ended.clear()
-            if stopped:
-                for gen in stopped:
-                    await gen.stop()
-                stopped.clear()
-    finally:
-        watchdog.cancel()
+                self._itl.observe(now - self._last_tokens_at)
+            self._last_tokens_at = now
+        timer = ctx.deps.timer
+        if timer is not None:
+            t1 = time.perf_counter()
+            timer.add("stream", t1 - t0)
+            await self._sink.flush()
+            timer.add("write", time.perf_counter() - t1)
+        else:
+            await self._sink.flush()
+        on = self._on
+        if self._firsts:
+            for gen, attempt_id in self._firsts:
+                if gen.attempt_id == attempt_id:  # (not one that failed since)
+                    await on.first_token(gen)
+            self._firsts.clear()
+        if self._ended:
+            for gen in self._ended:
+                await on.done(gen)
+            self._ended.clear()
+        if self._stopped:
+            for gen in self._stopped:
+                await on.stop(gen)
+            self._stopped.clear()

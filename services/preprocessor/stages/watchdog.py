@@ -97,7 +97,7 @@ class Watchdog:
         return gen.last + self.timeout(gen)
 
     def _earliest(self) -> float | None:
-        times = [self.deadline(g) for g in self._gens if g.open]
+        times = [self.deadline(g) for g in self._gens if g.live]
         if self._end_at is not None:
             times.append(self._end_at)
         return min(times) if times else None
@@ -108,11 +108,6 @@ class Watchdog:
             self._handle.cancel()
         when = self._earliest()
         self._handle = None if when is None else self._loop.call_at(when, self._fire)
-
-    def ensure(self) -> None:
-        """Arm the timer if it is not (after a migration re-opened an attempt)."""
-        if self._handle is None and not self.expired:
-            self.arm()
 
     def _fire(self) -> None:
         self._handle = None
@@ -141,7 +136,7 @@ class Watchdog:
 
     def overdue(self) -> list[Generation]:
         now = self._loop.time()
-        return [g for g in self._gens if g.open and self.deadline(g) <= now]
+        return [g for g in self._gens if g.live and self.deadline(g) <= now]
 
     def cancel(self) -> None:
         if self._handle is not None:

@@ -61,10 +61,10 @@ def served(monkeypatch):
     seen: list[tuple[str, bytes]] = []
     state = {"behaviour": None, "sessions": []}
 
-    async def serve(deps, endpoint, body, received, out, exchange=None, timeout=0.0):
-        seen.append((endpoint, body))
-        state["sessions"].append(exchange.session_id if exchange is not None else None)
-        return await state["behaviour"](out)
+    async def serve(ctx, body):
+        seen.append((ctx.inp.endpoint, body))
+        state["sessions"].append(ctx.inp.session_id)
+        return await state["behaviour"](ctx.inp.http)
 
     monkeypatch.setattr(edge, "serve", serve)
     return seen, state

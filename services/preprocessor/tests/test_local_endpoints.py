@@ -6,11 +6,10 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from switchyard.preprocessor import request_ids
 from switchyard.preprocessor.errors import RequestError
 from switchyard.preprocessor.local_endpoints import detokenize, tokenize
-from switchyard.preprocessor.stages.context import CHAT, COMPLETIONS, Exchange
-from switchyard.preprocessor.stages.endpoints import ID_PREFIX, serve
+from switchyard.preprocessor.stages.context import CHAT, COMPLETIONS, TOKENIZE, RequestContext
+from switchyard.preprocessor.stages.endpoints import new_request
 from switchyard.preprocessor.stages.tests.fakes import (
     MODEL,
     FakeDispatcher,
@@ -18,6 +17,7 @@ from switchyard.preprocessor.stages.tests.fakes import (
     FakeRouter,
     deps,
     done,
+    serve,
     tokens,
 )
 
@@ -45,19 +45,18 @@ def d(bundle):
     return deps(bundle, FakeRouter([1]), FakeDispatcher(script), context_length=4096)
 
 
-def exchange() -> Exchange:
-    return Exchange("/tokenize", request_ids.mint("tokenize-"))
+def local(d) -> RequestContext:
+    return new_request(d, TOKENIZE, FakeHttp(), request_id="tokenize-1", path="/tokenize")
 
 
 async def call(handler, d, **body) -> dict:
-    return orjson.loads(await handler(d, orjson.dumps(body), exchange()))
+    return orjson.loads(await handler(local(d), orjson.dumps(body)))
 
 
 async def billed(d, endpoint: str, **body) -> int:
     """usage.prompt_tokens of a generation request with this body."""
     http = FakeHttp()
-    ex = Exchange("/v1/x", request_ids.mint(ID_PREFIX[endpoint]))
-    status = await serve(d, endpoint, orjson.dumps({"model": MODEL, **body}), 0.0, http, ex)
+    status = await serve(d, endpoint, orjson.dumps({"model": MODEL, **body}), http)
     assert status == 200, http.body
     return int(http.json()["usage"]["prompt_tokens"])
 
@@ -131,17 +130,17 @@ class TestRefused:
     )
     async def test_a_400_naming_the_field(self, d, body, param):
         with pytest.raises(RequestError) as err:
-            await tokenize(d, orjson.dumps(body), exchange())
+            await tokenize(local(d), orjson.dumps(body))
         assert err.value.status == 400 and err.value.param == param
 
     async def test_unknown_model_is_404(self, d):
         with pytest.raises(RequestError) as err:
-            await tokenize(d, orjson.dumps({"model": "nope", "prompt": "x"}), exchange())
+            await tokenize(local(d), orjson.dumps({"model": "nope", "prompt": "x"}))
         assert err.value.status == 404
 
     async def test_a_token_past_the_vocabulary(self, d, bundle):
         with pytest.raises(RequestError) as err:
-            await detokenize(d, orjson.dumps({"tokens": [1, bundle.vocab_size]}), exchange())
+            await detokenize(local(d), orjson.dumps({"tokens": [1, bundle.vocab_size]}))
         assert err.value.status == 400 and err.value.param == "tokens[1]"
 
 

@@ -15,7 +15,7 @@ def attempt(
 ) -> SimpleNamespace:
     sampling = SimpleNamespace(max_tokens=max_tokens)
     return SimpleNamespace(
-        open=True, got_tokens=got_tokens, last=last, whole=whole, sampling=sampling
+        live=True, got_tokens=got_tokens, last=last, whole=whole, sampling=sampling
     )
 
 

@@ -16,6 +16,7 @@ from switchyard.preprocessor.catalog import ModelEntry
 from switchyard.preprocessor.metrics import PreprocessorMetrics
 from switchyard.preprocessor.parsers import parsers_for
 from switchyard.preprocessor.reply_queue import ReplyQueue
+from switchyard.preprocessor.stages import endpoints
 from switchyard.preprocessor.stages.context import Deps, Limits
 from switchyard.preprocessor.tokenizer import TokenizerBundle
 from switchyard.protos.messages import (
@@ -221,3 +222,11 @@ def chat_body(**fields: Any) -> bytes:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
     body.update(fields)
     return orjson.dumps(body)
+
+
+async def serve(
+    d: Deps, endpoint: str, body: bytes, http: FakeHttp, session_id: str | None = None
+) -> int:
+    """endpoints.serve for a request received now, with a minted id."""
+    ctx = endpoints.new_request(d, endpoint, http, session_id=session_id)
+    return await endpoints.serve(ctx, body)

@@ -7,10 +7,11 @@ import pytest
 from switchyard.common import errors
 from switchyard.preprocessor.stages.context import EMBEDDINGS
 from switchyard.preprocessor.stages.embed import embed
-from switchyard.preprocessor.stages.endpoints import parse
+from switchyard.preprocessor.stages.endpoints import new_request, parse
 from switchyard.preprocessor.stages.tests.fakes import (
     MODEL,
     FakeDispatcher,
+    FakeHttp,
     FakeRouter,
     deps,
     failed,
@@ -37,9 +38,12 @@ async def test_engines_that_refused_are_tried_again_when_none_is_left(bundle):
 
     router = FakeRouter([1, 2])
     d = deps(bundle, router, FakeDispatcher(script))
-    ctx = parse(d, EMBEDDINGS, b'{"model": "%s", "input": "hi"}' % MODEL.encode(), 0.0)
+    ctx = new_request(d, EMBEDDINGS, FakeHttp())
+    ctx.state.raw = b'{"model": "%s", "input": "hi"}' % MODEL.encode()
+    parse(ctx)
     ctx.state.prompt_ids = [[5, 6]]
-    result = await embed(ctx)
+    await embed(ctx)
+    result = ctx.state.extra["embeddings"]
     assert result.dimensions == 1 and calls == [1, 2, 1]
     # the third route excluded both, found none, and was asked again excluding neither
     assert router.excluded == [[], [1], [1, 2], []]

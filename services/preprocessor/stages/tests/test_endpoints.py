@@ -8,10 +8,9 @@ import asyncio
 import pytest
 
 from switchyard.common import errors
-from switchyard.preprocessor import request_ids
 from switchyard.preprocessor.prefill_hop import PREFILL_SUFFIX
-from switchyard.preprocessor.stages.context import CHAT, COMPLETIONS, Exchange
-from switchyard.preprocessor.stages.endpoints import ID_PREFIX, serve
+from switchyard.preprocessor.stages import endpoints
+from switchyard.preprocessor.stages.context import CHAT, COMPLETIONS
 from switchyard.preprocessor.stages.tests.fakes import (
     MODEL,
     FakeDispatcher,
@@ -21,6 +20,7 @@ from switchyard.preprocessor.stages.tests.fakes import (
     deps,
     done,
     failed,
+    serve,
     tokens,
 )
 from switchyard.preprocessor.tokenizer import TokenizerBundle
@@ -36,9 +36,7 @@ async def run(
     d, body: bytes, endpoint: str = CHAT, session_id: str | None = None
 ) -> tuple[int, FakeHttp]:
     http = FakeHttp()
-    exchange = Exchange("/v1/x", request_ids.mint(ID_PREFIX[endpoint]))
-    exchange.session_id = session_id
-    status = await serve(d, endpoint, body, 0.0, http, exchange)
+    status = await serve(d, endpoint, body, http, session_id)
     return status, http
 
 
@@ -372,7 +370,7 @@ class TestConstrainedMigration:
         d = deps(bundle, FakeRouter([1, 2]), dispatcher)
         http = FakeHttp()
         body = chat_body(stream=True, temperature=0.7, response_format=JSON_FORMAT)
-        serving = asyncio.create_task(serve(d, CHAT, body, 0.0, http))
+        serving = asyncio.create_task(serve(d, CHAT, body, http))
         while not http.writes:  # the client has the first tokens
             await asyncio.sleep(0.01)
         rid = dispatcher.requests[0].request_id
@@ -625,7 +623,7 @@ class TestFailures:
         dispatcher = FakeDispatcher(lambda r: [tokens(r.request_id, 7, 8)])
         d = deps(bundle, FakeRouter([1]), dispatcher)
         http = FakeHttp()
-        serving = asyncio.create_task(serve(d, CHAT, chat_body(stream=True), 0.0, http))
+        serving = asyncio.create_task(serve(d, CHAT, chat_body(stream=True), http))
         while not http.writes:
             await asyncio.sleep(0.01)
         rid = dispatcher.requests[0].request_id
@@ -696,16 +694,17 @@ class TestRelease:
 
         d = deps(bundle, FakeRouter([1]), FakeDispatcher(lambda r: [done(r.request_id)]))
         http = FakeHttp()
-        exchange = Exchange("/v1/x", request_ids.mint(ID_PREFIX[CHAT]))
         gc.collect()
         gc.disable()
         try:
             before = alive()
-            assert await serve(d, CHAT, chat_body(stream=True), 0.0, http, exchange) == 200
-            assert exchange.ctx is not None and exchange.ctx.state.generations
+            ctx: RequestContext | None = endpoints.new_request(d, CHAT, http)
+            assert ctx is not None
+            assert await endpoints.serve(ctx, chat_body(stream=True)) == 200
+            assert ctx.state.generations
             assert alive() == before + 2
-            exchange.ctx.release()
-            exchange.ctx = None
+            ctx.release()
+            ctx = None
             assert alive() == before  # reference counting alone freed them
         finally:
             gc.enable()

@@ -21,7 +21,6 @@ from switchyard.preprocessor.parsers.deepseek import (
     SEP,
 )
 from switchyard.preprocessor.stages.context import RESPONSES
-from switchyard.preprocessor.stages.endpoints import serve
 from switchyard.preprocessor.stages.tests.fakes import (
     MODEL,
     FakeDispatcher,
@@ -30,6 +29,7 @@ from switchyard.preprocessor.stages.tests.fakes import (
     deps,
     done,
     failed,
+    serve,
     tokens,
 )
 from switchyard.protos.messages import CONSTRAINT_JSON_SCHEMA
@@ -82,7 +82,7 @@ def replying(bundle, text: str, reason: str = "stop", one_by_one: bool = True):
 
 async def run(d, raw: bytes) -> tuple[int, FakeHttp]:
     http = FakeHttp()
-    return await serve(d, RESPONSES, raw, 0.0, http), http
+    return await serve(d, RESPONSES, raw, http), http
 
 
 def r1(d):
@@ -284,7 +284,7 @@ class TestFailures:
         dispatcher = FakeDispatcher(lambda r: [tokens(r.request_id, *bundle.encode("Hi"))])
         d = deps(bundle, FakeRouter([1]), dispatcher)
         http = FakeHttp()
-        serving = asyncio.create_task(serve(d, RESPONSES, body(stream=True), 0.0, http))
+        serving = asyncio.create_task(serve(d, RESPONSES, body(stream=True), http))
         while not http.writes:
             await asyncio.sleep(0.01)
         rid = dispatcher.requests[0].request_id

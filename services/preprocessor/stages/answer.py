@@ -1,0 +1,89 @@
+"""The answer's two ends: the sink a request's output goes to, and the `finish` stage.
+
+`sink_for`: a streamed request's SSE frames (chat or completions chunks, or the Responses
+API's events), else one JSON body at the end. `finish`: the usage (the n choices of a prompt
+share its cached prefix), the answer's last bytes, and the request's metrics, with what the
+KV router predicted of each generation's cached prefix beside what the engine reported.
+"""
+
+from __future__ import annotations
+
+import time
+
+from switchyard.preprocessor import sse
+from switchyard.preprocessor.openai_requests import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+)
+from switchyard.preprocessor.responses_requests import ResponsesRequest
+from switchyard.preprocessor.stages.context import CHAT, RequestContext, Sink
+from switchyard.preprocessor.stages.responses import (
+    ResponseCollectSink,
+    ResponseHead,
+    ResponseStreamSink,
+)
+from switchyard.preprocessor.stages.sinks import CollectSink, StreamSink, Usage
+
+
+def sink_for(ctx: RequestContext) -> Sink:
+    inp = ctx.inp
+    http = inp.http
+    req = ctx.request
+    if isinstance(req, ResponsesRequest):
+        head = ResponseHead(inp.request_id, req.model, inp.created, req.shown)
+        return ResponseStreamSink(http, head) if req.stream else ResponseCollectSink(http, head)
+    assert not isinstance(req, EmbeddingRequest)  # embeddings answer in the embed stages
+    chat = inp.endpoint == CHAT
+    if req.stream:
+        frames = (sse.ChatStream if chat else sse.CompletionStream)(
+            inp.request_id, req.model, inp.created
+        )
+        return StreamSink(http, frames, chat, req.include_usage)
+    return CollectSink(http, inp.request_id, req.model, inp.created, chat)
+
+
+async def finish(ctx: RequestContext) -> None:
+    state = ctx.state
+    sink = state.sink
+    assert sink is not None
+    req = ctx.request
+    completion = sum(len(c.generated) for c in state.choices)
+    cached: dict[int, int] = {}
+    for choice in state.choices:  # the n choices of a prompt share its cached prefix
+        cached[choice.group] = max(cached.get(choice.group, 0), choice.cached_tokens)
+    usage = Usage(
+        sum(len(ids) for ids in state.prompt_ids),
+        completion,
+        sum(cached.values()),
+        sum(c.reasoning_tokens for c in state.choices),
+    )
+    if isinstance(sink, CollectSink):
+        if isinstance(req, CompletionRequest) and req.best_of > req.sampling.n:
+            sink.keep = req.sampling.n
+        # Asked for by the client (best_of asks the engine for them to rank its candidates).
+        if isinstance(req, ChatCompletionRequest):
+            shown = req.logprobs
+        else:
+            shown = isinstance(req, CompletionRequest) and req.logprobs is not None
+        await sink.end(state.choices, usage, shown)
+    else:
+        await sink.end(state.choices, usage)
+    state.usage = usage
+    model = state.entry.name if state.entry is not None else ""
+    ctx.deps.metrics.finished(
+        model, time.perf_counter() - ctx.inp.received, usage, _predictions(ctx)
+    )
+
+
+def _predictions(ctx: RequestContext) -> list[tuple[int, int, int, int]]:
+    """(predicted, engine-reported cached tokens, block size, prompt tokens) per generation
+    that the KV router placed (other policies predict nothing)."""
+    out = []
+    for gen in ctx.state.generations:
+        if gen.predicted is None:
+            continue
+        predicted, block_size = gen.predicted
+        reported = max((c.cached_tokens for c in gen.choices), default=0)
+        out.append((predicted, reported, block_size, len(gen.prompt_ids)))
+    return out
