@@ -4,9 +4,12 @@ Mock engines (when asked), fleet, router(s), dispatcher(s) and the preprocessor(
 over loopback. Started in stages (engines, fleet, routers and dispatchers, preprocessors),
 each child binds its own ports (port 0: a free one of --port-range) and reports them in a
 ready file, which the next stage is given: no port is picked by one process and bound by
-another. With several preprocessors, the HTTP port is held by `up` itself (SO_REUSEPORT) for
-the stack's lifetime, and they share it. A child that crashes is restarted on the ports it had (see
-supervisor).
+another. The HTTP port is bound by `up` itself, one listening socket per preprocessor (one
+SO_REUSEPORT group: the kernel spreads new connections evenly), held for the stack's lifetime;
+each preprocessor accepts from its own (--listen-fd) once it is ready, and from its siblings'
+(--standby-fd) what they leave waiting. A preprocessor that dies loses only the connections it
+had accepted: its socket and queue stay, the others take what waits there, and its restart
+inherits it again. A child that crashes is restarted on the ports it had (see supervisor).
 
 Ctrl-C or SIGTERM stops the stack in dependency order (the children run in their own process
 groups, so a terminal's Ctrl-C reaches `up` alone): the preprocessors first, which stop
@@ -46,7 +49,6 @@ from switchyard.common.logs import add_logging_arguments, setup_logging
 from switchyard.common.ports import (
     PortRange,
     add_port_arguments,
-    bind_tcp,
     port_number,
     read_ready_file,
     wildcard_endpoint,
@@ -58,6 +60,7 @@ from switchyard.dispatcher.service import ENGINE_STREAMS, ENGINE_STREAMS_HTTP2
 from switchyard.preprocessor import cors, https
 from switchyard.preprocessor.auth import ADMIN_TOKEN_ENV, KEYS_ENV, keys_from_env
 from switchyard.preprocessor.cli import add_edge_arguments, add_guardrail_arguments
+from switchyard.preprocessor.listener import listen_group
 from switchyard.preprocessor.serving import BACKSTOP_S
 from switchyard.router.config import MODES
 from switchyard.supervisor import ChildSpec, Supervisor, signal_wait
@@ -134,7 +137,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--preprocessors",
         type=whole_number(1),
         default=1,
-        help="preprocessor processes sharing --http-port (SO_REUSEPORT; one per spare core)",
+        help="preprocessor processes sharing --http-port (one per spare core); each has its "
+        "own listening socket held by `up`, and takes over a dead or stalled one's queue",
     )
     parser.add_argument(
         "--no-restart",
@@ -329,6 +333,7 @@ class Launcher:
         order: int = ENGINES,
         stop_grace: float = STOP_GRACE_S,
         env: dict[str, str] | None = None,
+        pass_fds: tuple[int, ...] = (),
     ) -> dict[str, dict[str, Any]]:
         """Start children at once, wait for every report; `argv(report)` builds a child's
         command line, with report None first (ports 0) and then with what it bound."""
@@ -337,7 +342,7 @@ class Launcher:
             ready = self.folder / f"{name}.json"
             ready.unlink(missing_ok=True)
             flags = [*self.common, "--ready-file", str(ready)]
-            spec = ChildSpec(name, self.py + argv(None) + flags, env, order, stop_grace)
+            spec = ChildSpec(name, self.py + argv(None) + flags, env, order, stop_grace, pass_fds)
             started.append((name, argv, ready, self.supervisor.start(spec)))
         reports = {}
         for name, argv, ready, proc in started:
@@ -358,8 +363,11 @@ class Launcher:
         # Free ports: several routers or dispatchers on one host cannot share a default one.
         return ["--metrics-port", str(report["metrics_port"] if report else 0)]
 
-    def start(self, http_port: int) -> Stack:
+    def start(self, http: list[socket.socket]) -> Stack:
+        """Start every child; preprocessor i serves http[i] (listening sockets of one port)
+        and stands by for the others."""
         args = self.args
+        http_port = int(http[0].getsockname()[1])
         stack = Stack(f"http://{args.http_host}:{http_port}")
         workers = list(args.worker)
         prefill = list(args.prefill)
@@ -426,10 +434,9 @@ class Launcher:
         middle += [(f"dispatcher-{i}", dispatcher) for i in range(args.dispatchers)]
         stack.reports.update(self.stage(middle, MIDDLE, args.shutdown_grace + STOP_GRACE_S))
         count = args.preprocessors
-        # One preprocessor binds the port itself (0: a free one); several share the port `up`
-        # holds (SO_REUSEPORT; each listens once it is ready).
+        # Preprocessor i (and each restart of it) accepts from http[i] once it is ready, and
+        # stands by for the others' sockets.
         pre = ["preprocessor", "--host", args.http_host]
-        pre += ["--reuse-port"] if count > 1 else []
         pre += fleet_flags
         for i in range(args.routers):
             pre += ["--router", stack.reports[f"router-{i}"]["bind"]]
@@ -442,20 +449,26 @@ class Launcher:
             raise SystemExit("switchyard up: --admin-port with several preprocessors: use 0")
         pre += preprocessor_guardrail_argv(args, admin) + tls + args.preprocessor_arg
 
-        def preprocessor(report: dict[str, Any] | None) -> list[str]:
-            port = report["port"] if report else http_port
-            cmd = pre + ["--port", str(port)]
-            if admin:
-                bound = report["admin_port"] if report else (args.admin_port or 0)
-                cmd += ["--admin-port", str(bound)]
-            return cmd + self._metrics(report)
+        def preprocessor(index: int) -> Callable[[dict[str, Any] | None], list[str]]:
+            def argv(report: dict[str, Any] | None) -> list[str]:
+                cmd = pre + ["--listen-fd", str(http[index].fileno())]
+                for other, sock in enumerate(http):
+                    if other != index:
+                        cmd += ["--standby-fd", str(sock.fileno())]
+                if admin:
+                    bound = report["admin_port"] if report else (args.admin_port or 0)
+                    cmd += ["--admin-port", str(bound)]
+                return cmd + self._metrics(report)
+
+            return argv
 
         names = ["preprocessor"] if count == 1 else [f"preprocessor-{i}" for i in range(count)]
         grace = args.shutdown_grace + BACKSTOP_S + STOP_GRACE_S
         children: list[tuple[str, Callable[[dict[str, Any] | None], list[str]]]] = [
-            (name, preprocessor) for name in names
+            (name, preprocessor(i)) for i, name in enumerate(names)
         ]
-        stack.reports.update(self.stage(children, INGRESS, grace, child_env(args)))
+        fds = tuple(sock.fileno() for sock in http)
+        stack.reports.update(self.stage(children, INGRESS, grace, child_env(args), fds))
         port = stack.reports[names[0]]["port"]
         scheme = "https" if args.tls_cert else "http"
         stack.base_url = f"{scheme}://{args.http_host}:{port}"
@@ -535,23 +548,19 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     ports: PortRange | None = args.port_range
-    http: socket.socket | None = None
-    http_port = args.http_port
-    if args.preprocessors > 1:
-        try:
-            # Held for the stack's lifetime: the preprocessors (SO_REUSEPORT) share it, and a
-            # restarted one finds it still reserved.
-            http = bind_tcp(args.http_host, args.http_port, ports, reuse_port=True)
-        except OSError as exc:
-            log.error("cannot bind the HTTP port %s:%d: %s", args.http_host, args.http_port, exc)
-            return 1
-        http_port = int(http.getsockname()[1])
+    try:
+        # Held for the stack's lifetime: a preprocessor's queue outlives it, for its siblings
+        # and its restart to serve.
+        http = listen_group(args.http_host, args.http_port, args.preprocessors, ports)
+    except OSError as exc:
+        log.error("cannot bind the HTTP port %s:%d: %s", args.http_host, args.http_port, exc)
+        return 1
     announced = False
     code = 0
     try:
         with tempfile.TemporaryDirectory(prefix="switchyard-up-") as folder, signal_wait() as wake:
             try:
-                stack = Launcher(args, supervisor, Path(folder)).start(http_port)
+                stack = Launcher(args, supervisor, Path(folder)).start(http)
             except StackFailed as exc:
                 log.error("the stack did not start: %s", exc)
                 return 1
@@ -579,7 +588,9 @@ def run(args: argparse.Namespace) -> int:
                     due = supervisor.next_restart_at()
                     wake.wait(None if due is None else max(0.0, due - time.monotonic()))
     finally:
+        # Closed here first: once the preprocessors stop accepting, new connections are
+        # refused rather than queued for nobody.
+        for sock in http:
+            sock.close()
         supervisor.stop_all()
-        if http is not None:
-            http.close()
     return code

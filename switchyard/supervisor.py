@@ -43,6 +43,7 @@ class ChildSpec:
     env: dict[str, str] | None = None  # None: the supervisor's own environment
     stop_order: int = 0  # stopped before every child of a lower order
     stop_grace: float = 10.0  # seconds from SIGTERM to SIGKILL
+    pass_fds: tuple[int, ...] = ()  # descriptors the child inherits (same numbers)
 
 
 @dataclass
@@ -78,6 +79,7 @@ class Supervisor:
             stdin=subprocess.DEVNULL,
             env=spec.env,
             process_group=0,
+            pass_fds=spec.pass_fds,
         )
         child = self.children.get(spec.name)
         if child is None:

@@ -20,6 +20,7 @@ from switchyard.preprocessor import admission, cors, https
 from switchyard.preprocessor.app import create_app
 from switchyard.preprocessor.auth import ADMIN_TOKEN_ENV, KEYS_ENV, Access, KeyRing, keys_from_env
 from switchyard.preprocessor.edge import Edge
+from switchyard.preprocessor.listener import adopt, open_listener
 from switchyard.preprocessor.parsers.registry import reasoning_format, tool_parser_class
 from switchyard.preprocessor.serving import GracefulServer
 from switchyard.preprocessor.state import PreprocessorConfig, PreprocessorState
@@ -263,7 +264,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--reuse-port",
         action="store_true",
         help="bind with SO_REUSEPORT, so several preprocessor processes share --port "
-        "(the kernel spreads connections over them); listens once ready (at most 60 s on)",
+        "(the kernel spreads connections over them); listens once ready (at most 60 s on). "
+        "Each has its own accept queue: prefer --listen-fd (what `switchyard up` does)",
+    )
+    parser.add_argument(
+        "--listen-fd",
+        type=whole_number(0),
+        default=None,
+        metavar="FD",
+        help="serve on this inherited, already listening TCP socket instead of binding "
+        "--host/--port (what `switchyard up` gives each replica: its socket of one "
+        "SO_REUSEPORT group, held by up); accepts once ready",
+    )
+    parser.add_argument(
+        "--standby-fd",
+        type=whole_number(0),
+        action="append",
+        default=[],
+        metavar="FD",
+        help="a sibling replica's inherited listening socket (repeatable): connections "
+        "waiting in its queue longer than 50 ms (the sibling dead, restarting, frozen or "
+        "busy) are accepted and served here",
     )
     parser.add_argument(
         "--no-access-log",
@@ -334,15 +355,28 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"preprocessor: {exc}") from None
     # Bound first (uvicorn listens on it once the app started): port 0 is searched in
     # --port-range and reported, so no other process ever picks the number for us; and the
-    # URL names this process in its logs and traces.
+    # URL names this process in its logs and traces. Or inherited, listening already.
     try:
-        sock = bind_tcp(args.host, args.port, args.port_range, reuse_port=args.reuse_port)
+        sock = open_listener(
+            args.host,
+            args.port,
+            args.port_range,
+            reuse_port=args.reuse_port,
+            listen_fd=args.listen_fd,
+        )
+        standby = [adopt(fd) for fd in args.standby_fd]
+    except ValueError as exc:
+        raise SystemExit(f"preprocessor: {exc}") from None
     except OSError as exc:
         raise SystemExit(f"preprocessor: cannot bind {args.host}:{args.port}: {exc}") from None
-    sock.set_inheritable(True)
-    port = int(sock.getsockname()[1])
+    host, port = sock.getsockname()[:2]
+    if args.listen_fd is None:
+        host = args.host
     scheme = "https" if tls is not None else "http"
-    logs.instance = instance = f"{scheme}://{args.host}:{port}"
+    logs.instance = instance = f"{scheme}://{host}:{port}"
+    # Sharing the port (with other processes, or one inherited queue): listen / accept once
+    # ready, so that the kernel hands connections only to processes that can serve them.
+    shared = args.reuse_port or args.listen_fd is not None
     try:
         config = PreprocessorConfig(
             tool_parsers=tool_parsers,
@@ -361,8 +395,7 @@ def run(args: argparse.Namespace) -> int:
             dispatcher_wait=args.dispatcher_wait,
             migration_limit=args.migration_limit,
             tokenize_offload_chars=args.tokenize_offload_chars,
-            # Sharing the port: listen once ready, so the kernel picks only ready processes.
-            listen_when_ready_s=READY_WAIT_S if args.reuse_port else 0.0,
+            listen_when_ready_s=READY_WAIT_S if shared else 0.0,
             access_log=not args.no_access_log,
             otlp_endpoint=args.otlp_endpoint,
             trace_sample_ratio=args.trace_sample_ratio,
@@ -413,6 +446,7 @@ def run(args: argparse.Namespace) -> int:
         ),
         state,
         args.shutdown_grace,
+        standby,
     )
     sockets = [sock]
     admin_port = None

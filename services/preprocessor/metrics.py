@@ -121,6 +121,12 @@ class PreprocessorMetrics:
         self.active = Gauge(
             "switchyard_preprocessor_active_requests", "requests being generated", registry=r
         )
+        self.taken_over = Counter(
+            "switchyard_preprocessor_connections_taken_over",
+            "connections accepted from a sibling replica's socket, where they had waited past "
+            "the standby grace (the sibling dead, restarting, frozen or busy)",
+            registry=r,
+        )
         self._by_model: dict[str, _ModelSeries] = {}  # models are bounded (see above)
         self.stage_seconds = LoopHistogram(
             "switchyard_preprocessor_stage_seconds",
