@@ -274,7 +274,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FD",
         help="serve on this inherited, already listening TCP socket instead of binding "
         "--host/--port (what `switchyard up` gives each replica: its socket of one "
-        "SO_REUSEPORT group, held by up); accepts once ready",
+        "SO_REUSEPORT group, held by up); with --standby-fd, accepts once ready",
     )
     parser.add_argument(
         "--standby-fd",
@@ -284,7 +284,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FD",
         help="a sibling replica's inherited listening socket (repeatable): connections "
         "waiting in its queue longer than 50 ms (the sibling dead, restarting, frozen or "
-        "busy) are accepted and served here",
+        "busy) are accepted and served here; this one then accepts only once ready (at "
+        "most 60 s on), leaving its own queue to the siblings meanwhile",
     )
     parser.add_argument(
         "--no-access-log",
@@ -374,9 +375,10 @@ def run(args: argparse.Namespace) -> int:
         host = args.host
     scheme = "https" if tls is not None else "http"
     logs.instance = instance = f"{scheme}://{host}:{port}"
-    # Sharing the port (with other processes, or one inherited queue): listen / accept once
-    # ready, so that the kernel hands connections only to processes that can serve them.
-    shared = args.reuse_port or args.listen_fd is not None
+    # Sharing the port with other processes: listen / accept once ready, so that the kernel
+    # (and the siblings' standby) hands connections only to processes that can serve them. A
+    # lone one serves at once (/ready says 503 until it is ready; /admin answers).
+    shared = args.reuse_port or bool(args.standby_fd)
     try:
         config = PreprocessorConfig(
             tool_parsers=tool_parsers,

@@ -5,8 +5,9 @@ Two ways to get it:
 - inherited (`--listen-fd FD`): a parent (`switchyard up`) binds the API port once per
   replica, as one SO_REUSEPORT group (`listen_group`: the kernel spreads new connections
   evenly over the sockets), listens on every socket and holds them all for the stack's
-  lifetime. Each replica accepts from its own, once it is ready (the lifespan waits), and
-  watches its siblings' (`--standby-fd`, standby.py) for connections they leave waiting. A
+  lifetime. Each replica accepts from its own once it is ready (the lifespan waits; a lone
+  replica at once), and watches its siblings' (`--standby-fd`, standby.py) for connections
+  they leave waiting. A
   replica that dies loses only the connections it had accepted: its socket and queue live on
   in the parent, the siblings take what waits there, and its restart inherits it again.
 - its own (`--host`/`--port`, port 0 searched in `--port-range`), optionally with
