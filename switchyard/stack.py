@@ -57,13 +57,14 @@ from switchyard.common.ports import (
 from switchyard.common.workers import worker_flag
 from switchyard.dispatcher.channels import DEFAULT_DRAIN_TIMEOUT
 from switchyard.dispatcher.service import ENGINE_STREAMS, ENGINE_STREAMS_HTTP2
+from switchyard.live_set import LiveSet
 from switchyard.preprocessor import cors, https
 from switchyard.preprocessor.auth import ADMIN_TOKEN_ENV, KEYS_ENV, keys_from_env
 from switchyard.preprocessor.cli import add_edge_arguments, add_guardrail_arguments
 from switchyard.preprocessor.listener import listen_group
 from switchyard.preprocessor.serving import BACKSTOP_S
 from switchyard.router.config import MODES
-from switchyard.supervisor import ChildSpec, Supervisor, signal_wait
+from switchyard.supervisor import ChildSpec, SignalWait, Supervisor, signal_wait
 
 log = logging.getLogger("switchyard.up")
 
@@ -236,6 +237,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser, "once the stack serves (its /ready answers 200), again after a child restarts"
     )
     parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where fleet keeps its state file (fleet-state.sqlite: the admin API's added "
+        "workers and drain marks, the instance set it publishes), restored when fleet "
+        "restarts; default: a folder of this run (it survives a fleet restart, not `up`'s): "
+        "give one to keep admin changes across runs",
+    )
+    parser.add_argument(
         "--start-timeout",
         type=positive_seconds,
         default=120.0,
@@ -245,6 +256,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 LOCAL = "tcp://127.0.0.1:0"  # a free loopback port, searched by the child itself
+FLEET_STATE = "fleet-state.sqlite"
 
 
 class StackFailed(RuntimeError):
@@ -406,7 +418,8 @@ class Launcher:
                 cmd += ["--prefill", url]
             if args.workers_file:
                 cmd += ["--workers-file", args.workers_file]
-            return cmd + self._metrics(report)
+            state = (args.state_dir or self.folder) / FLEET_STATE
+            return cmd + ["--state-file", str(state)] + self._metrics(report)
 
         fleet_report = self.stage([("fleet", fleet)], FLEET)["fleet"]
         stack.reports["fleet"] = fleet_report
@@ -529,6 +542,60 @@ def _report(path: Path | None, stack: Stack, supervisor: Supervisor) -> None:
     )
 
 
+def stop(supervisor: Supervisor, http: list[socket.socket]) -> None:
+    """Stop the stack (twice is harmless). The listeners are closed first: once the
+    preprocessors stop accepting, new connections are refused rather than queued for nobody."""
+    for sock in http:
+        sock.close()
+    supervisor.stop_all()
+
+
+def _serve(
+    args: argparse.Namespace,
+    supervisor: Supervisor,
+    folder: Path,
+    http: list[socket.socket],
+    wake: SignalWait,
+    stopping: Callable[[], bool],
+) -> int:
+    """Start the stack, announce it once it serves, supervise it until a stop signal (0) or
+    a child keeps failing (1)."""
+    try:
+        stack = Launcher(args, supervisor, folder).start(http)
+    except StackFailed as exc:
+        log.error("the stack did not start: %s", exc)
+        return 1
+    live: LiveSet | None = None  # the engines fleet has routable, logged as they change
+    restarts = supervisor.restarts
+    try:
+        while not stopping():
+            failed = supervisor.poll()
+            if failed is not None:
+                log.error("%s keeps failing; stopping the stack", failed)
+                return 1
+            if live is None and _ready(stack.ready_url):
+                fleet = stack.reports["fleet"]
+                live = LiveSet(fleet["control"], fleet["events"])
+                log.info(
+                    "Switchyard is serving the OpenAI API on %s/v1 (engines: %s)",
+                    stack.base_url,
+                    live.start() or ", ".join(stack.workers) or args.workers_file,
+                )
+                _report(args.ready_file, stack, supervisor)
+            elif live is not None and supervisor.restarts != restarts:
+                restarts = supervisor.restarts
+                _report(args.ready_file, stack, supervisor)  # new pids
+            if live is None:
+                wake.wait(0.2)  # until the stack answers /ready
+            else:  # until a child exits, a restart is due, or a stop signal
+                due = supervisor.next_restart_at()
+                wake.wait(None if due is None else max(0.0, due - time.monotonic()))
+        return 0
+    finally:
+        if live is not None:
+            live.stop()
+
+
 def run(args: argparse.Namespace) -> int:
     setup_logging("up", args.log_level, args.log_format)
     try:
@@ -555,42 +622,13 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         log.error("cannot bind the HTTP port %s:%d: %s", args.http_host, args.http_port, exc)
         return 1
-    announced = False
-    code = 0
+    code = 1
     try:
         with tempfile.TemporaryDirectory(prefix="switchyard-up-") as folder, signal_wait() as wake:
             try:
-                stack = Launcher(args, supervisor, Path(folder)).start(http)
-            except StackFailed as exc:
-                log.error("the stack did not start: %s", exc)
-                return 1
-            restarts = supervisor.restarts
-            while not stopping:
-                failed = supervisor.poll()
-                if failed is not None:
-                    log.error("%s keeps failing; stopping the stack", failed)
-                    code = 1
-                    break
-                if not announced and _ready(stack.ready_url):
-                    announced = True
-                    log.info(
-                        "Switchyard is serving the OpenAI API on %s/v1 (engines: %s)",
-                        stack.base_url,
-                        ", ".join(stack.workers) or args.workers_file,
-                    )
-                    _report(args.ready_file, stack, supervisor)
-                elif announced and supervisor.restarts != restarts:
-                    restarts = supervisor.restarts
-                    _report(args.ready_file, stack, supervisor)  # new pids
-                if not announced:
-                    wake.wait(0.2)  # until the stack answers /ready
-                else:  # until a child exits, a restart is due, or a stop signal
-                    due = supervisor.next_restart_at()
-                    wake.wait(None if due is None else max(0.0, due - time.monotonic()))
+                code = _serve(args, supervisor, Path(folder), http, wake, lambda: stopping)
+            finally:  # in the folder's lifetime: fleet may write its state there until it stops
+                stop(supervisor, http)
     finally:
-        # Closed here first: once the preprocessors stop accepting, new connections are
-        # refused rather than queued for nobody.
-        for sock in http:
-            sock.close()
-        supervisor.stop_all()
+        stop(supervisor, http)
     return code

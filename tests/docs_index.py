@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 OPERATING = DOCS / "operating.md"
 
-_METRIC = re.compile(r"\bswitchyard_[a-z0-9_]+")
+_METRIC = re.compile(r"\b(?:switchyard|process)_[a-z0-9_]+")
 
 
 def documented_metrics() -> set[str]:

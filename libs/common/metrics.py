@@ -1,5 +1,11 @@
 """Prometheus exposition shared by the services: each service builds its own registry (no
-global singleton) and serves it on --metrics-host/--metrics-port.
+global singleton: `service_registry`) and serves it on --metrics-host/--metrics-port.
+
+Every service's registry also has the process_* series of prometheus-client's ProcessCollector
+(CPU seconds, resident and virtual memory, open and maximum file descriptors, start time) and
+`switchyard_build_info{service, version, python}` (always 1). No `<name>_created` series:
+prometheus-client adds one per counter, histogram and summary series (a second series for each,
+which nothing here reads), turned off for the process when this module is imported.
 
 Each service has a known default port (see DEFAULT_PORTS and docs/operating.md's table): fleet 7190,
 router 7290, dispatcher 7390 (their ZMQ ports + 90); the preprocessor serves GET /metrics on
@@ -12,16 +18,28 @@ from __future__ import annotations
 
 import argparse
 import logging
+import platform
 import socket
 import threading
+from collections.abc import Iterator
+from importlib import metadata
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import (
+    CollectorRegistry,
+    ProcessCollector,
+    disable_created_metrics,
+    make_wsgi_app,
+)
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client.registry import Collector
 
 from switchyard.common.ports import PortRange, bind_in_range
 
 log = logging.getLogger(__name__)
+
+disable_created_metrics()
 
 DEFAULT_PORTS = {
     "fleet": 7190,
@@ -30,6 +48,35 @@ DEFAULT_PORTS = {
     "preprocessor": None,
     "mock-engine": None,
 }
+
+
+def version() -> str:
+    try:
+        return metadata.version("switchyard")
+    except metadata.PackageNotFoundError:  # a bare checkout, not installed
+        return "unknown"
+
+
+class _BuildInfo(Collector):
+    def __init__(self, service: str) -> None:
+        self._labels = [service, version(), platform.python_version()]
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        info = GaugeMetricFamily(
+            "switchyard_build_info",
+            "1, labelled with the service, the Switchyard version and the Python version",
+            labels=["service", "version", "python"],
+        )
+        info.add_metric(self._labels, 1.0)
+        yield info
+
+
+def service_registry(service: str) -> CollectorRegistry:
+    """A service's own registry, with the process_* series and switchyard_build_info."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    registry.register(_BuildInfo(service))
+    return registry
 
 
 class DefaultPort(int):

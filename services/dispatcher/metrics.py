@@ -6,10 +6,11 @@ set, so bounded by the configured engines); `kind` is one of the engine fault ki
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import Counter, Gauge
 
 from switchyard.common.loop_counter import LoopCounter
 from switchyard.common.loop_histogram import LoopHistogram
+from switchyard.common.metrics import service_registry
 
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 WORKER = ["model", "worker"]
@@ -17,7 +18,7 @@ WORKER = ["model", "worker"]
 
 class DispatcherMetrics:
     def __init__(self) -> None:
-        r = self.registry = CollectorRegistry()
+        r = self.registry = service_registry("dispatcher")
         self.in_flight = Gauge(
             "switchyard_dispatcher_in_flight",
             "generations running on each engine",

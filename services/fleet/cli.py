@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from switchyard.common.workers import WorkerSpec, parse_worker
 from switchyard.fleet.k8s import cli as k8s_cli
 from switchyard.fleet.service import FleetService
 from switchyard.fleet.source import WorkerSource
+from switchyard.fleet.state import StateError, StateFile
 
 log = logging.getLogger(__name__)
 
@@ -99,11 +101,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="give up on a probe after this long (default 2)",
     )
+    parser.add_argument(
+        "--state-file",
+        default=AUTO,
+        metavar="PATH|auto|off",
+        help="SQLite file where fleet keeps the admin API's changes (added workers, drain "
+        "marks) and the instance set it publishes, restored at start; auto: "
+        "<workers file>.state.sqlite beside --workers-file when its folder is writable, "
+        "else none; off: none (admin changes last until fleet stops)",
+    )
+    parser.add_argument(
+        "--state-max-age",
+        type=_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="restore the stored instance set (serve it at once, re-probe it within one "
+        "probe interval) only when the state file was written this recently; older, every "
+        "worker is probed afresh first (admin changes are restored at any age)",
+    )
     k8s_cli.add_arguments(parser)
     add_engine_tls_arguments(parser)
     add_metrics_arguments(parser, "fleet")
     add_port_arguments(parser)
     add_logging_arguments(parser)
+
+
+AUTO, OFF = "auto", "off"
+
+
+def state_path(value: str, workers_file: Path | None) -> Path | None:
+    """Where the state file is (see --state-file), or None for none."""
+    if value == OFF:
+        return None
+    if value != AUTO:
+        return Path(value)
+    if workers_file is None:
+        return None
+    folder = workers_file.resolve().parent
+    if not os.access(folder, os.W_OK):
+        log.warning(
+            "no state file: %s is not writable (a read-only mount?); admin changes will not "
+            "survive a restart: give --state-file PATH",
+            folder,
+        )
+        return None
+    return folder / f"{workers_file.name}.state.sqlite"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -121,6 +163,9 @@ async def _serve(args: argparse.Namespace, logs: LogContext | None = None) -> in
     except ValueError as exc:
         log.error("fleet cannot start: %s", exc)
         return 2
+    path = state_path(args.state_file, args.workers_file)
+    if path is not None:
+        log.info("state file %s", path)
     service = FleetService(
         WorkerSource(args.worker, args.workers_file, args.prefill),
         control=args.control,
@@ -131,14 +176,17 @@ async def _serve(args: argparse.Namespace, logs: LogContext | None = None) -> in
         ports=args.port_range,
         pods=pods,
         tls=tls,
+        state=StateFile(path) if path is not None else None,
+        state_max_age=args.state_max_age,
     )
     try:
         await service.start()
         metrics_port = serve_metrics(
             service.metrics.registry, args.metrics_host, args.metrics_port, args.port_range
         )
-    except (ValueError, OSError, zmq.ZMQError) as exc:
+    except (ValueError, OSError, zmq.ZMQError, StateError) as exc:
         log.error("fleet cannot start: %s", exc)
+        await service.close()
         return 2
     if logs is not None:
         logs.instance = service.control_endpoint

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from switchyard.common.metrics import service_registry
 
 
 class _InstancesCollector(Collector):
@@ -48,10 +50,16 @@ class FleetMetrics:
         states: Callable[[], list[tuple[str, str]]],
         workers: Callable[[], list[tuple[str, str, str]]] | None = None,
     ) -> None:
-        self.registry = CollectorRegistry()
+        self.registry = service_registry("fleet")
         self.probes = Counter(
             "switchyard_fleet_probes",
             "engine probes by outcome",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.state_writes = Counter(
+            "switchyard_fleet_state_writes",
+            "writes of the state file (--state-file) by outcome (ok, failed)",
             ["outcome"],
             registry=self.registry,
         )

@@ -166,6 +166,27 @@ class Registry:
     def is_down(self, instance_id: int) -> bool:
         return instance_id in self._down
 
+    def draining(self) -> set[int]:
+        return set(self._draining)
+
+    def known(self) -> dict[int, EngineInfo]:
+        """What the last good probe learned of each worker that is routable or draining (not
+        down, not being re-admitted): what a restarted fleet may restore."""
+        return {
+            iid: info
+            for iid, info in self._info.items()
+            if iid not in self._down and iid not in self._streak
+        }
+
+    def restore(self, instance_id: int, url: str, info: EngineInfo) -> bool:
+        """Take a stored probe result as this worker's last one (routable at once unless
+        drained). False when no configured worker has that id and URL."""
+        spec = self._specs.get(instance_id)
+        if spec is None or spec.url != url:
+            return False
+        self._info[instance_id] = info
+        return True
+
     def states(self) -> list[tuple[str, str]]:
         """(role, state) of every configured worker; state is routable, down (reported or
         not answering), recovering (answering, not yet re-admitted) or unprobed."""

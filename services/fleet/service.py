@@ -15,6 +15,12 @@ fleet continues above its predecessor and consumers see a gap, not stale version
 Until its first probe round is done, fleet publishes nothing and holds snapshot requests
 (answered once the round is done): a restarted fleet must not hand its consumers an empty
 set it has not probed yet, or every model would vanish from them for a moment.
+
+With a state file (state.py), fleet keeps the admin API's changes and the instance set it
+publishes there. At start it restores the admin's workers and drain marks; and when the file
+is recent (written within `state_max_age`), the instance set too: it answers snapshots at
+once with the set its consumers hold, and re-probes the restored instances spread over one
+probe interval instead of all at once.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from switchyard.fleet.metrics import FleetMetrics
 from switchyard.fleet.prober import Prober
 from switchyard.fleet.registry import Registry
 from switchyard.fleet.source import WorkerSource
+from switchyard.fleet.state import Keeper, Saved, StateFile, state_of
 from switchyard.protos import codec
 from switchyard.protos.messages import (
     Ack,
@@ -65,6 +72,8 @@ STARTUP_GRACE_S = 30.0  # an engine never seen up: its refusals are logged at IN
 
 
 POD_LIST_WAIT_S = 30.0
+RESTORED_PROBE_BATCHES = 4  # restored instances are re-probed in this many batches
+MIN_WAIT_S = 0.01
 
 
 class FleetService:
@@ -85,6 +94,8 @@ class FleetService:
         ports: PortRange | None = None,
         pods: PodSource | None = None,
         tls: EngineTls | None = None,
+        state: StateFile | None = None,
+        state_max_age: float = 60.0,
     ) -> None:
         self._source = source
         self._ports = ports  # where a port 0 in `control` / `events` is searched
@@ -102,6 +113,9 @@ class FleetService:
         self._own_context = context is None
         self._registry = Registry(readmit_after=readmit_after)
         self.metrics = FleetMetrics(self._registry.states, self._registry.worker_states)
+        self._state_max_age = state_max_age
+        self._keeper = None if state is None else Keeper(state, self.metrics.state_writes)
+        self.restored = 0  # instances restored from the state file at start
         # While an instance is down or being re-admitted, probe rounds come this often
         # (but never more often than the normal interval asks).
         self._recovery_interval = min(recovery_interval, probe_interval)
@@ -145,12 +159,19 @@ class FleetService:
         return self._published
 
     async def start(self) -> None:
-        """Load the worker list (ValueError/OSError: bad config), bind, start the loops."""
+        """Load the worker list (ValueError/OSError: bad config, StateError: an unusable
+        state file), bind, start the loops."""
         self._listed = self._source.load()
         if self._pods is not None:
             await self._pods.start()  # ConfigError (a ValueError): no cluster configuration
+        saved = await self._keeper.load() if self._keeper is not None else None
+        if saved is not None:
+            self._added = {spec.instance_id: spec for spec in saved.state.added}
         specs = self._specs()
         self._registry.configure(specs)
+        if saved is not None:
+            self._restore(saved)
+            self._save()  # what start-up dropped (an entry the file took over) is gone
         log.info(
             "fleet starting: %d worker(s), control %s, events %s",
             len(specs),
@@ -183,6 +204,8 @@ class FleetService:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        if self._keeper is not None:
+            await self._keeper.close()  # after the writes already asked for
         for sock in (self._router, self._pub):
             if sock is not None:
                 sock.close(linger=0)
@@ -273,9 +296,14 @@ class FleetService:
                 log.exception("probe cycle failed")
             if not self._probed and self._pods_listed():
                 await self._first_round_done()
+            if self._keeper is not None:
+                self._keeper.heartbeat()
             interval = self._probe_interval
             if self._registry.recovering() or self._failing:
                 interval = self._recovery_interval
+            if self._next_probe:  # e.g. restored instances, due within the interval
+                due = min(self._next_probe.values()) - time.monotonic()
+                interval = min(interval, max(MIN_WAIT_S, due))
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(interval):
                     await self._wake.wait()
@@ -426,14 +454,17 @@ class FleetService:
     async def add_worker(self, spec: WorkerSpec) -> None:
         self._added[spec.instance_id] = spec
         await self._configure(self._specs(), "admin API")
+        await self._saved()
 
     async def remove_worker(self, instance_id: int) -> None:
         del self._added[instance_id]
         await self._configure(self._specs(), "admin API")
+        await self._saved()
 
     async def drain_worker(self, instance_id: int, draining: bool) -> None:
         self._registry.drain(instance_id, draining)
         await self._publish()
+        await self._saved()
 
     async def _configure(self, specs: list[WorkerSpec], what: str) -> None:
         before = self._registry.specs
@@ -460,6 +491,7 @@ class FleetService:
                 table.pop(spec.instance_id, None)
         await self._prober.retain({spec.url for spec in specs})
         await self._publish()
+        self._save()  # an admin entry the file took over, a drain mark of a worker gone
         if added:
             self._wake.set()  # probe the new ones now rather than at the next interval
 
@@ -477,8 +509,59 @@ class FleetService:
         self._published = MappingProxyType(index_instances(routable))
         for event in events:
             _log_event(event)
+        self._save()
         if self._pub is not None:
             await self._pub.send(codec.encode(FleetUpdate(self._version, events)))
+
+    # ---- the state file -------------------------------------------------------------------
+
+    def _restore(self, saved: Saved) -> None:
+        """Drain marks, and the instance set when the file is recent (see the docstring)."""
+        for iid, _url in saved.state.drained:
+            self._registry.drain(iid)
+        age = saved.age(time.time())
+        if age is None:
+            return
+        if age > self._state_max_age:
+            log.info(
+                "state file written %.0fs ago (over %gs): probing every worker afresh",
+                age,
+                self._state_max_age,
+            )
+            return
+        if not self._pods_listed():
+            return  # the pods decide what is configured: wait for their list and a round
+        restore = self._registry.restore
+        restored = [iid for iid, url, info in saved.state.instances if restore(iid, url, info)]
+        now = time.monotonic()
+        for n, iid in enumerate(restored):
+            batch = n % RESTORED_PROBE_BATCHES + 1
+            self._next_probe[iid] = now + self._probe_interval * batch / RESTORED_PROBE_BATCHES
+            self._answered.add(iid)
+        self.restored = len(restored)
+        self._version = max(self._version, saved.state.version + 1)
+        self._probed = True
+        self._published = MappingProxyType(index_instances(self._registry.routable()))
+        log.info(
+            "restored %d instance(s) from the state file (written %.1fs ago): serving them "
+            "at once, re-probing them within %gs",
+            len(restored),
+            age,
+            self._probe_interval,
+        )
+
+    def _save(self) -> asyncio.Future[None] | None:
+        """Write the state now (queued in order); the future says when it is durable."""
+        if self._keeper is None:
+            return None
+        return self._keeper.save(state_of(self._added, self._registry, self._version))
+
+    async def _saved(self) -> None:
+        """Write the state and wait for it: an admin change is answered once it is stored."""
+        future = self._save()
+        if future is not None:
+            with contextlib.suppress(Exception):  # logged by the keeper; the change stands
+                await future
 
 
 def _cancelling() -> bool:

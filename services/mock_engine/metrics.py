@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from switchyard.common.metrics import service_registry
 from switchyard.mock_engine.data_parallel import DataParallelEngine
 
 PREFIX = "switchyard_mock_engine"
@@ -41,6 +42,6 @@ class _EngineCollector(Collector):
 
 
 def engine_registry(engine: DataParallelEngine) -> CollectorRegistry:
-    registry = CollectorRegistry()
+    registry = service_registry("mock-engine")
     registry.register(_EngineCollector(engine))
     return registry

@@ -17,9 +17,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import Counter, Gauge
 
 from switchyard.common.loop_histogram import LoopHistogram
+from switchyard.common.metrics import service_registry
 
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
@@ -36,7 +37,7 @@ PREDICTION_OUTCOMES = ("exact", "over", "under")
 
 class PreprocessorMetrics:
     def __init__(self) -> None:
-        r = self.registry = CollectorRegistry()
+        r = self.registry = service_registry("preprocessor")
         self.requests = Counter(
             "switchyard_preprocessor_requests",
             "API requests answered, by endpoint, model and HTTP status (499: the client left)",

@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from switchyard.common.metrics import service_registry
 from switchyard.protos.messages import Instance
 from switchyard.router.framework import PluginStats
 from switchyard.router.kv.index import KvIndex
@@ -136,7 +137,7 @@ class RouterMetrics:
         instances: Callable[[], Mapping[int, Instance]] | None = None,
         tracker: InFlightTracker | None = None,
     ) -> None:
-        self.registry = CollectorRegistry()
+        self.registry = service_registry("router")
         self.decisions = Counter(
             "switchyard_router_decisions",
             "routing decisions",
