@@ -36,3 +36,27 @@ class TestServeMetrics:
         before = thread_wakeups(thread.native_id)
         time.sleep(1.2)
         assert thread_wakeups(thread.native_id) - before == 0
+
+
+class TestServiceRegistry:
+    def test_process_series_build_info_and_no_created(self):
+        from prometheus_client import Counter, Histogram, generate_latest
+
+        from switchyard.common.metrics import service_registry, version
+
+        registry = service_registry("router")
+        Counter("switchyard_test_things", "things", registry=registry).inc()
+        Histogram("switchyard_test_seconds", "time", registry=registry).observe(0.1)
+        text = generate_latest(registry).decode()
+        for name in (
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+            "process_open_fds",
+            "process_start_time_seconds",
+        ):
+            assert f"\n{name} " in text, name
+        assert 'switchyard_build_info{python="' in text
+        line = next(x for x in text.splitlines() if x.startswith("switchyard_build_info{"))
+        assert 'service="router"' in line and f'version="{version()}"' in line
+        assert line.endswith(" 1.0")
+        assert "_created" not in text
