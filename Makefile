@@ -40,8 +40,13 @@ lock: $(UV)
 	$(BUILD_REQUIRES) | $(UV_COMPILE) $(LOCK_FLAGS) -o $(LOCK)
 	$(BUILD_REQUIRES) | $(UV_COMPILE) $(LOCK_FLAGS) --extra dev --extra bench -c $(LOCK) -o $(DEV_LOCK)
 
+# `make run PORT=8080 ENGINES=sglang,vllm,vllm`: the HTTP port, the mock engines' protocols
+# (ENGINES= for none, with UP_ARGS='--worker grpc://h:p'), and any other `up` flags.
+PORT ?= 8000
+ENGINES ?= sglang,vllm
+UP_ARGS ?=
 run: $(STAMP)
-	$(BIN)/switchyard up --mock-engines sglang,vllm --http-port 8000
+	$(BIN)/switchyard up $(if $(ENGINES),--mock-engines $(ENGINES)) --http-port $(PORT) $(UP_ARGS)
 
 test: $(STAMP) postgres
 	$(BIN)/pytest -q

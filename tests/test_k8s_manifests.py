@@ -463,3 +463,92 @@ def test_fleet_selectors_pick_the_engine_pods(stack, parser):
         role = pod["metadata"]["labels"].get(args.k8s_role_key)
         if engine.role in ("prefill", "decode"):
             assert role == engine.role, f"{where}: label {args.k8s_role_key} says {role}"
+
+
+# ---------------------------------------------------------------- monitoring and autoscaling
+
+MONITORING = K8S / "monitoring"
+SERVICE_MONITOR_SCHEMA = K8S / "schemas" / "servicemonitor-v1-prometheus-operator-0.93.0.json"
+
+
+def _strict(schema: Any) -> Any:
+    """The CRD schema with unknown fields refused (the API server prunes them silently, so
+    a misspelt field would do nothing): every object with properties gets
+    additionalProperties false, unless it keeps unknown fields on purpose."""
+    if isinstance(schema, dict):
+        out = {k: _strict(v) for k, v in schema.items()}
+        if (
+            "properties" in out
+            and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")
+        ):
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [_strict(v) for v in schema]
+    return schema
+
+
+@pytest.fixture(scope="module")
+def monitoring() -> list[dict[str, Any]]:
+    return render(MONITORING)
+
+
+def test_the_monitoring_manifests_match_their_schemas(monitoring):
+    import json
+
+    import jsonschema
+
+    kinds_found = sorted(o["kind"] for o in monitoring)
+    assert kinds_found == [
+        "HorizontalPodAutoscaler", "HorizontalPodAutoscaler", "Service", "ServiceMonitor"
+    ]  # fmt: skip
+    schema = json.loads(SERVICE_MONITOR_SCHEMA.read_text())
+    assert "prometheus-operator v0.93.0" in schema["$comment"]  # where it came from
+    validator = jsonschema.Draft7Validator(_strict(schema))
+    for obj in monitoring:
+        assert obj["metadata"]["namespace"] == NAMESPACE, obj["metadata"]
+        if obj["kind"] == "ServiceMonitor":
+            assert obj["apiVersion"] == "monitoring.coreos.com/v1"
+            errors = [f"{list(e.path)}: {e.message}" for e in validator.iter_errors(obj)]
+            assert not errors, errors
+            broken = copy.deepcopy(obj)
+            broken["spec"]["endpoints"][0]["intervall"] = "15s"
+            assert not validator.is_valid(broken)  # the strict schema catches a typo
+            continue
+        for version in KUBERNETES_VERSIONS:
+            kubernetes_validate.validate(copy.deepcopy(obj), version, strict=True)
+
+
+def test_the_service_monitor_reaches_every_services_metrics(monitoring, stack, parser):
+    """The ServiceMonitor selects the metrics Service; that Service selects every Switchyard
+    pod of the base, and each of fleet, router, dispatcher and preprocessor has a container
+    port the Service names, on which it serves /metrics."""
+    _, objects = stack
+    (service,) = kinds(monitoring, "Service")
+    (monitor,) = kinds(monitoring, "ServiceMonitor")
+    assert _selects(monitor["spec"]["selector"], service["metadata"]["labels"])
+    scraped = {e["port"] for e in monitor["spec"]["endpoints"]}
+    assert scraped == {p["name"] for p in service["spec"]["ports"]}
+    named = {p["targetPort"] for p in service["spec"]["ports"]}
+    covered = set()
+    for _name, pod in pod_templates(objects):
+        labels = pod["metadata"]["labels"]
+        if not _selects({"matchLabels": service["spec"]["selector"]}, labels):
+            continue
+        ports = {p["name"] for c in containers(pod) for p in c.get("ports", [])}
+        if ports & named:
+            covered.add(labels["app.kubernetes.io/component"])
+    assert {"fleet", "router", "dispatcher", "preprocessor"} <= covered, covered
+
+
+def test_the_autoscalers_scale_deployments_with_cpu_requests(monitoring, stack):
+    _, objects = stack
+    deployments = {d["metadata"]["name"]: d for d in kinds(objects, "Deployment")}
+    for hpa in kinds(monitoring, "HorizontalPodAutoscaler"):
+        target = hpa["spec"]["scaleTargetRef"]
+        assert target["kind"] == "Deployment" and target["name"] in deployments, target
+        pod = deployments[target["name"]]["spec"]["template"]
+        for container in containers(pod):
+            assert "cpu" in container["resources"]["requests"], target  # utilization's base
+        assert 2 <= hpa["spec"]["minReplicas"] < hpa["spec"]["maxReplicas"]
