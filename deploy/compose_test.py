@@ -6,12 +6,16 @@
     base      the image's BASE_IMAGE: $SWITCHYARD_BASE_IMAGE, else python:3.11-slim when it is
               already present, else switchyard-base:bookworm, built from Debian packages by
               deploy/build-base-image.sh unless present
-    build     `docker compose build` with the classic builder (no buildx here), handing this
-              machine's CA bundle to pip through deploy/build-certs/
-    up        `docker compose up -d` on a free host port, until every engine is routable
-    requests  a chat and a streamed chat through the published port (the openai SDK); then an
-              engine container is killed (SIGKILL) and more of both must still succeed, fleet
-              drops it, and once started again it is routable again
+    build     `docker compose --profile monitoring build` with the classic builder (no buildx
+              here), handing this machine's CA bundle to pip through deploy/build-certs/: the
+              Switchyard image, the ingress (HAProxy) and Prometheus from Debian's packages
+    up        `docker compose up -d --scale preprocessor=2 --scale router=2 --scale
+              dispatcher=2` with Prometheus, on free host ports, until every engine is routable
+              and every container healthy
+    requests  a chat and a streamed chat through the ingress (the openai SDK); a preprocessor
+              replica is killed (SIGKILL) and requests keep succeeding through the other; an
+              engine container is killed and more of both must still succeed, fleet drops it,
+              and once started again it is routable again; Prometheus scrapes every replica
     down      `docker compose down`, the copied CA bundle removed and a dockerd this script
               started stopped, also on failure
 
@@ -41,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "deploy" / "docker-compose.yml"
 CERTS = ROOT / "deploy" / "build-certs"
 PROJECT = "switchyard-compose-test"
+SCALE = {"preprocessor": 2, "router": 2, "dispatcher": 2}
 IMAGE = "switchyard:local"
 DEBIAN_BASE = "switchyard-base:bookworm"
 MODEL = "deepseek-mock"
@@ -230,6 +235,26 @@ def chat_and_stream(base: str, tag: str) -> None:
             raise RuntimeError(f"stream ({tag}): finish {finish}, text {''.join(parts)!r}")
 
 
+def containers(compose: list[str], env: dict[str, str], service: str) -> list[str]:
+    out = run(*compose, "ps", "-q", service, env=env, cwd=ROOT, quiet=True)
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def scraped(prometheus: str) -> dict[str, int]:
+    """Prometheus' healthy targets per job."""
+    try:
+        with urllib.request.urlopen(prometheus + "/api/v1/targets", timeout=5) as reply:
+            targets = json.load(reply)["data"]["activeTargets"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    up: dict[str, int] = {}
+    for target in targets:
+        if target.get("health") == "up":
+            job = target["labels"]["job"]
+            up[job] = up.get(job, 0) + 1
+    return up
+
+
 def main() -> int:
     if os.geteuid() != 0:
         log("needs root (it installs and starts the Docker engine)")
@@ -252,9 +277,14 @@ def main() -> int:
         if not engine.has_image(base):
             with timings.step("base image"):
                 run(str(ROOT / "deploy" / "build-base-image.sh"), base, env=env, quiet=True)
-        port = free_port()
-        env.update(SWITCHYARD_BASE_IMAGE=base, SWITCHYARD_HTTP_PORT=str(port))
+        port, prometheus_port = free_port(), free_port()
+        env.update(
+            SWITCHYARD_BASE_IMAGE=base,
+            SWITCHYARD_HTTP_PORT=str(port),
+            SWITCHYARD_PROMETHEUS_PORT=str(prometheus_port),
+        )
         compose = [engine.docker, "compose", "-p", PROJECT, "-f", str(COMPOSE_FILE)]
+        compose += ["--profile", "monitoring"]
         bundle = os.environ.get("SWITCHYARD_BUILD_CA") or next(
             (b for b in HOST_CA_BUNDLES if Path(b).exists()), None
         )
@@ -270,14 +300,36 @@ def main() -> int:
         base_url = f"http://127.0.0.1:{port}"
         with timings.step("up"):
             up = True
-            run(*compose, "up", "-d", "--no-build", env=env, cwd=ROOT)
+            scale = [f"--scale={name}={n}" for name, n in SCALE.items()]
+            run(*compose, "up", "-d", "--no-build", *scale, env=env, cwd=ROOT)
             wait_until("/ready", lambda: http_status(base_url + "/ready") == 200, 180)
             wait_until("both engines routable", lambda: routable_engines(base_url) == 2, 120)
             # Docker runs each service's own health check (for fleet, router and dispatcher:
             # switchyard.common.healthcheck, the Kubernetes probes' command too).
             wait_until("every container healthy", lambda: unhealthy(compose, env) == [], 120)
+            for name, n in SCALE.items():
+                running = containers(compose, env, name)
+                if len(running) != n:
+                    raise RuntimeError(f"--scale {name}={n}: {len(running)} container(s)")
         with timings.step("requests"):
             chat_and_stream(base_url, "both engines")
+        with timings.step("preprocessor replica killed"):
+            victim = containers(compose, env, "preprocessor")[0]
+            run(engine.docker, "kill", "--signal", "SIGKILL", victim, env=env)
+            for n in range(4):  # the ingress retries elsewhere and stops sending there
+                chat_and_stream(base_url, f"one preprocessor gone #{n}")
+            run(engine.docker, "start", victim, env=env)
+            wait_until("the replica healthy again", lambda: unhealthy(compose, env) == [], 120)
+            chat_and_stream(base_url, "both preprocessors again")
+        with timings.step("prometheus"):
+            prometheus = f"http://127.0.0.1:{prometheus_port}"
+            want = {f"switchyard-{name}": n for name, n in SCALE.items()}
+            want["switchyard-fleet"] = 1
+            wait_until(
+                "Prometheus scraping every replica",
+                lambda: all(scraped(prometheus).get(job, 0) >= n for job, n in want.items()),
+                120,
+            )
         with timings.step("engine killed"):
             run(*compose, "kill", "-s", "SIGKILL", "mock-vllm", env=env, cwd=ROOT)
             for n in range(3):

@@ -36,6 +36,17 @@ DOCKERIGNORE = ROOT / ".dockerignore"  # the classic builder reads only the cont
 IMAGE = "switchyard:local"
 
 SWITCHYARD_SERVICES = ("fleet", "router", "dispatcher", "preprocessor")
+# Services of other images, built from Debian's packages: image -> Dockerfile (context deploy/).
+OTHER_IMAGES = {
+    "ingress": ("switchyard-ingress:local", "haproxy/Dockerfile"),
+    "prometheus": ("switchyard-prometheus:local", "prometheus/Dockerfile"),
+}
+HAPROXY_CFG = DEPLOY / "haproxy" / "haproxy.cfg"
+
+
+def ours(services: dict[str, Any]) -> dict[str, Any]:
+    """The services that run the Switchyard image."""
+    return {name: s for name, s in services.items() if name not in OTHER_IMAGES}
 
 
 # ---------------------------------------------------------------- loading
@@ -75,7 +86,7 @@ def parser() -> argparse.ArgumentParser:
 
 @pytest.mark.parametrize("stack", sorted(COMPOSE_STACKS))
 def test_compose_commands_parse_and_wire_up(stack: str, parser: argparse.ArgumentParser) -> None:
-    services = load_compose(*COMPOSE_STACKS[stack])
+    services = ours(load_compose(*COMPOSE_STACKS[stack]))
     commands = {
         name: parse_command(parser, f"{stack}/{name}", service.get("command"))
         for name, service in services.items()
@@ -91,7 +102,18 @@ def test_compose_commands_parse_and_wire_up(stack: str, parser: argparse.Argumen
 
 @pytest.mark.parametrize("stack", sorted(COMPOSE_STACKS))
 def test_compose_builds_one_image_once(stack: str) -> None:
-    services = load_compose(*COMPOSE_STACKS[stack])
+    everything = load_compose(*COMPOSE_STACKS[stack])
+    for name, (image, dockerfile) in OTHER_IMAGES.items():
+        service = everything[name]
+        assert service["image"] == image and service["pull_policy"] == "build", name
+        assert (DEPLOY / service["build"]["context"]).resolve() == DEPLOY
+        assert (DEPLOY / service["build"]["dockerfile"]) == DEPLOY / dockerfile
+        assert service["build"]["args"] == {
+            "BASE_IMAGE": "${SWITCHYARD_BASE_IMAGE:-python:3.11-slim}"
+        }
+        text = (DEPLOY / dockerfile).read_text()
+        assert "FROM ${BASE_IMAGE}" in text and "apt-get install" in text, dockerfile
+    services = ours(everything)
     images = {name: s.get("image") for name, s in services.items()}
     assert set(images.values()) == {IMAGE}, f"{stack}: services differ in image: {images}"
     builders = [name for name, s in services.items() if "build" in s]
@@ -112,8 +134,8 @@ def test_compose_services_scale_and_are_locked_down(stack: str) -> None:
     services = load_compose(*COMPOSE_STACKS[stack])
     for name, service in services.items():
         assert "container_name" not in service, f"{stack}/{name}: container_name blocks --scale"
-        if name != "preprocessor":
-            assert "ports" not in service, f"{stack}/{name}: only the preprocessor publishes ports"
+        if name not in OTHER_IMAGES:
+            assert "ports" not in service, f"{stack}/{name}: only the ingress publishes ports"
         assert service.get("read_only") is True, f"{stack}/{name}: a read-only root filesystem"
         assert service.get("tmpfs") == ["/tmp"], f"{stack}/{name}: /tmp as a tmpfs"
         assert service.get("cap_drop") == ["ALL"], f"{stack}/{name}: drop every capability"
@@ -133,19 +155,31 @@ def _healthcheck(where: str, service: dict[str, Any]) -> list[str]:
     return test[2:]
 
 
-def test_compose_preprocessor_publishes_and_is_checked(parser: argparse.ArgumentParser) -> None:
-    service = load_compose(COMPOSE)["preprocessor"]
-    args = parse_command(parser, "preprocessor", service["command"])
-    ports = service.get("ports")
-    assert ports == ["${SWITCHYARD_HTTP_PORT:-8000}:" + str(args.port)], ports
-    flag, code = _healthcheck("preprocessor", service)
+def test_compose_ingress_publishes_and_sends_to_ready_preprocessors(
+    parser: argparse.ArgumentParser,
+) -> None:
+    """One host port, on the ingress; HAProxy finds every preprocessor replica by DNS and
+    checks each on /ready, the same URL the preprocessor's own health check asks."""
+    services = load_compose(COMPOSE)
+    ingress, pre = services["ingress"], services["preprocessor"]
+    args = parse_command(parser, "preprocessor", pre["command"])
+    assert "ports" not in pre, "replicas of the preprocessor cannot share a host port"
+    assert ingress["ports"] == ["${SWITCHYARD_HTTP_PORT:-8000}:8000"]
+    assert "preprocessor" in ingress["depends_on"]
+    config = HAPROXY_CFG.read_text()
+    assert f"preprocessor:{args.port} resolvers docker" in config
+    assert "nameserver dns 127.0.0.11:53" in config  # Docker's embedded DNS
+    assert "option httpchk GET /ready" in config and "bind :8000" in config
+    flag, code = _healthcheck("preprocessor", pre)
     assert flag == "-c" and f"127.0.0.1:{args.port}/ready" in code, f"not GET /ready: {code}"
+    monitoring = services["prometheus"]
+    assert monitoring["profiles"] == ["monitoring"], "Prometheus only with --profile monitoring"
 
 
 def test_compose_healthchecks_ask_the_service(parser: argparse.ArgumentParser) -> None:
     """fleet, router and dispatcher: the health check that asks their event loop, at their
     bound port; the engines: a TCP connect to theirs."""
-    for name, service in load_compose(COMPOSE, DISPATCHERS_OVERRIDE).items():
+    for name, service in ours(load_compose(COMPOSE, DISPATCHERS_OVERRIDE)).items():
         args = parse_command(parser, name, service["command"])
         if args.command == "preprocessor":
             continue
