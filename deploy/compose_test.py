@@ -197,10 +197,11 @@ def unhealthy(compose: list[str], env: dict[str, str]) -> list[str]:
     rows = [json.loads(line) for line in out.splitlines() if line.strip().startswith("{")]
     if not rows:
         return ["(no containers)"]
+    # A container without a health check (the ingress, Prometheus) counts once it runs.
     return [
         f"{r['Service']}: {r.get('Health') or r['State']}"
         for r in rows
-        if r.get("Health") != "healthy"
+        if r.get("Health") != "healthy" and (r.get("Health") or r["State"] != "running")
     ]
 
 

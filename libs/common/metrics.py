@@ -130,6 +130,7 @@ POLL_INTERVAL_S = 3600.0
 def start_server(port: int, host: str, registry: CollectorRegistry) -> threading.Thread:
     """prometheus_client's start_http_server (a thread per scrape, no request log, the
     address family of `host`), with a server thread that sleeps until a request comes."""
+    port = int(port)  # getaddrinfo refuses an int subclass (a DefaultPort): "Int or String"
     family, _, _, _, sockaddr = socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]

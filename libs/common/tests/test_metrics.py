@@ -60,3 +60,15 @@ class TestServiceRegistry:
         assert 'service="router"' in line and f'version="{version()}"' in line
         assert line.endswith(" 1.0")
         assert "_created" not in text
+
+
+def test_a_free_default_port_is_served_as_is():
+    """Regression: getaddrinfo refused the DefaultPort int subclass ("Int or String
+    expected"), so every service that kept its default metrics port (the compose stack's
+    fleet, router and dispatcher) served on a random one instead, where Prometheus never
+    looked."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    bound = metrics.serve_metrics(CollectorRegistry(), "127.0.0.1", metrics.DefaultPort(port))
+    assert bound == port
