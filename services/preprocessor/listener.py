@@ -68,6 +68,11 @@ def listen_group(
 ) -> list[socket.socket]:
     """`count` sockets of one SO_REUSEPORT group on host:port (0: a free one of `ports`),
     listening and inheritable, for a parent to hand to the replicas it starts."""
+    if port:
+        # Nobody may hold it yet: bound with SO_REUSEPORT, the group would silently share
+        # the port with another process of this user (a second `make run`). A port 0 search
+        # checks this itself.
+        bind_tcp(host, port).close()
     group: list[socket.socket] = []
     try:
         for _ in range(count):

@@ -75,6 +75,20 @@ class TestListenGroup:
             for sock in group:
                 sock.close()
 
+    def test_a_port_someone_holds_is_refused_not_shared(self):
+        """A second stack on the same explicit port fails to bind (EADDRINUSE), rather than
+        joining the first one's SO_REUSEPORT group and taking half its connections."""
+        first = listen_group("127.0.0.1", 0, 2)
+        try:
+            port = first[0].getsockname()[1]
+            with pytest.raises(OSError):
+                listen_group("127.0.0.1", port, 2)
+        finally:
+            for sock in first:
+                sock.close()
+        again = listen_group("127.0.0.1", port, 1)  # free again: fine
+        again[0].close()
+
     def test_connections_reach_every_socket_of_the_group(self):
         """The kernel spreads connections over the group (by their 4-tuple hash)."""
         group = listen_group("127.0.0.1", 0, 2)
