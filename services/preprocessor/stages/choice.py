@@ -1,13 +1,16 @@
 """One choice's text path, called by the token loop per batch of token ids (hot path).
 
 detokenize -> stop strings -> output parsers (reasoning, tool calls). A stop string ends the
-choice (finish_reason "stop"; the string and what follows trimmed). Without parsers `text`
-returns plain text; with them `parsed` returns (content, reasoning, tool_calls) deltas. The
-choice also keeps what the whole request needs of it: its generated ids (for migration), its
-token counts, and the finish reason ("tool_calls" once a call was made, unless max_tokens cut
-the output). A constrained output that migrates is regenerated from the prompt (an engine
-starts its grammar afresh with each request): `replay` and `past_replay` check that the
-regenerated tokens are the ones the choice already has, and tell where the new ones begin.
+choice (finish_reason "stop"; the string and what follows trimmed). A token of the request's
+`stop_token_ids` that ends the output is left out of the text, as vLLM's and SGLang's own
+servers do (it still counts as a completion token): a delta's last token that is one is held
+back until the engine's final message says whether it matched (`matched_token_id`). Without
+parsers `text` returns plain text; with them `parsed` returns (content, reasoning, tool_calls)
+deltas. The choice also keeps what the whole request needs of it: its generated ids (for
+migration), its token counts, and the finish reason ("tool_calls" once a call was made, unless
+max_tokens cut the output). A constrained output that migrates is regenerated from the prompt
+(an engine starts its grammar afresh with each request): `replay` and `past_replay` check that
+the regenerated tokens are the ones the choice already has, and tell where the new ones begin.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ class ChoiceOutput:
         "_detok",
         "_drop",
         "_stop",
+        "_stop_ids",
+        "_held",
         "parser",
         "_feed",
         "finish_reason",
@@ -55,6 +60,7 @@ class ChoiceOutput:
         completion_logprobs: CompletionLogprobs | None = None,
         echo: str = "",
         group: int = 0,
+        stop_token_ids: Sequence[int] = (),
     ) -> None:
         self.index = index  # the OpenAI choice index
         self.prompt = prompt_ids  # this choice's prompt (a batch has several)
@@ -62,6 +68,8 @@ class ChoiceOutput:
         # Kept special tokens (a parser reads its markers): EOS would show up as text.
         self._drop = frozenset(tokenizer.eos_token_ids) if not skip_special_tokens else None
         self._stop = StopMatcher(stops) if stops else None
+        self._stop_ids = frozenset(stop_token_ids) or None
+        self._held: int | None = None  # a stop token id that may have ended the output
         self.parser = parser
         self._feed: Callable[[str], ParsedDelta] | None = (
             parser.feeder() if parser is not None else None
@@ -79,6 +87,12 @@ class ChoiceOutput:
         self.replay_at = -1  # replaying: how many of `generated` came again (-1: not replaying)
 
     def _text(self, token_ids: Sequence[int]) -> str:
+        if self._held is not None:  # more output came: it did not end it (min_tokens)
+            token_ids = [self._held, *token_ids]
+            self._held = None
+        if self._stop_ids is not None and token_ids and token_ids[-1] in self._stop_ids:
+            self._held = token_ids[-1]
+            token_ids = token_ids[:-1]
         if self._drop is not None:
             token_ids = [t for t in token_ids if t not in self._drop]
         text = self._detok.add(token_ids)
@@ -122,10 +136,17 @@ class ChoiceOutput:
             parsed = _join(parsed, parser.finish())
         return parsed
 
-    def finish(self, finish_reason: str) -> str | ParsedDelta:
+    def finish(self, finish_reason: str, matched_token_id: int | None = None) -> str | ParsedDelta:
         """The held-back output at the engine's end of the choice: text without parsers,
-        (content, reasoning, tool_calls) with them."""
-        tail = self._detok.flush()
+        (content, reasoning, tool_calls) with them. `matched_token_id`: the stop token that
+        ended it (the engine's final message), whose text stays out."""
+        held = self._held
+        tail = ""
+        if held is not None:
+            self._held = None
+            if held != matched_token_id and (self._drop is None or held not in self._drop):
+                tail = self._detok.add((held,))
+        tail += self._detok.flush()
         stop = self._stop
         if stop is not None:
             tail, stopped = stop.feed(tail)

@@ -57,6 +57,7 @@ def generations(ctx: RequestContext, placement: Placement | None = None) -> list
                     lp,
                     echo or "",
                     group,
+                    req.sampling.stop_token_ids,
                 )
             )
             index += 1

@@ -221,7 +221,7 @@ class TokenLoop:
             raise gen.diverged(choice)
         if choice.echo and not choice.echoed:
             sink.echo(choice)
-        tail = choice.finish(reply.finish_reason)
+        tail = choice.finish(reply.finish_reason, reply.matched_token_id)
         # A migrated attempt's prompt holds the output so far: cached, that is no prompt
         # token the client sent.
         choice.cached_tokens = min(reply.cached_tokens, len(choice.prompt))

@@ -198,13 +198,16 @@ def deps(
     )
 
 
-def done(rid: str, reason: str = "length", cached: int = 0) -> GenerateFinished:
+def done(
+    rid: str, reason: str = "length", cached: int = 0, matched: int | None = None
+) -> GenerateFinished:
     return GenerateFinished(
         request_id=rid,
         finish_reason=reason,
         prompt_tokens=0,
         completion_tokens=0,
         cached_tokens=cached,
+        matched_token_id=matched,
     )
 
 

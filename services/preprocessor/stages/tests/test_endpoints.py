@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import orjson
 import pytest
 
 from switchyard.common import errors
@@ -122,6 +123,55 @@ class TestStopStrings:
         assert content(http) == "one two "
         assert http.events()[-2]["choices"][0]["finish_reason"] == "stop"
         assert dispatcher.streams[0].cancelled
+
+
+class TestStopTokenIds:
+    """A stop_token_ids token that ends the output is left out of the text, as vLLM's and
+    SGLang's own servers do (the real-engine suite found Switchyard sent it)."""
+
+    @pytest.mark.parametrize("stream", [True, False])
+    @pytest.mark.parametrize("endpoint", [CHAT, COMPLETIONS])
+    async def test_the_matched_stop_token_has_no_text(self, bundle, stream, endpoint):
+        ids = ids_of(bundle, "one two three")
+        stop = ids[-1]
+
+        def script(req):
+            return [tokens(req.request_id, i) for i in ids] + [
+                done(req.request_id, "stop", matched=stop)
+            ]
+
+        d = deps(bundle, FakeRouter([1]), FakeDispatcher(script))
+        fields = {"stream": stream, "stop_token_ids": [stop]}
+        body = chat_body(**fields)
+        if endpoint == COMPLETIONS:
+            body = orjson.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 8, **fields})
+        status, http = await run(d, body, endpoint)
+        assert status == 200
+        if stream:
+            text = "".join(
+                e["choices"][0].get("text", "")
+                or e["choices"][0].get("delta", {}).get("content", "")
+                or ""
+                for e in http.events()
+                if e != "[DONE]" and e.get("choices")
+            )
+        else:
+            choice = http.json()["choices"][0]
+            text = choice["text"] if endpoint == COMPLETIONS else choice["message"]["content"]
+            assert http.json()["usage"]["completion_tokens"] == len(ids)  # it still counts
+        assert text == "one two"
+
+    async def test_a_stop_token_that_did_not_end_the_output_keeps_its_text(self, bundle):
+        """min_tokens: the engine goes on past a stop token; its text is sent after all."""
+        ids = ids_of(bundle, "one two three")
+
+        def script(req):
+            return [tokens(req.request_id, i) for i in ids] + [done(req.request_id, "length")]
+
+        d = deps(bundle, FakeRouter([1]), FakeDispatcher(script))
+        body = chat_body(stream=True, stop_token_ids=[ids[0], ids[-1]], min_tokens=3)
+        _, http = await run(d, body)
+        assert content(http) == "one two three"
 
 
 class TestRouteHints:
