@@ -160,8 +160,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     kv.add_argument(
         "--kv-replay-topic-frame",
-        action="store_true",
-        help='replay replies as [b"", topic, seq, payload] (newer vLLM)',
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help='replay replies as [b"", topic, seq, payload], as vLLM 0.32 does (default for '
+        "--protocol vllm); --no-kv-replay-topic-frame: [b\"\", seq, payload] (SGLang's, "
+        "older vLLM's; default for sglang)",
     )
     kv.add_argument(
         "--kv-replay-buffer",
@@ -305,7 +308,11 @@ def config_from_args(args: argparse.Namespace) -> cfg.MockEngineConfig:
         kv_hash_form=args.kv_hash_form,
         kv_hash_seed=args.kv_hash_seed,
         kv_replay_endpoint=args.kv_replay_endpoint,
-        kv_replay_topic_frame=args.kv_replay_topic_frame,
+        kv_replay_topic_frame=(
+            args.kv_replay_topic_frame
+            if args.kv_replay_topic_frame is not None
+            else args.protocol == cfg.EngineProtocol.VLLM
+        ),
         kv_replay_buffer=args.kv_replay_buffer,
         kv_skip_seqs=cfg.parse_seq_list(args.kv_skip_seq),
         exit_after_tokens=args.exit_after_tokens,

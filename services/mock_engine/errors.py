@@ -30,10 +30,23 @@ class ConfigError(MockEngineError, ValueError):
 class RequestRejected(MockEngineError):
     """The engine refuses a request before generating (bad input or sampling values)."""
 
-    def __init__(self, request_id: str, reason: str) -> None:
+    def __init__(
+        self, request_id: str, reason: str, parameter: str | None = None, value: object = None
+    ) -> None:
         super().__init__(reason)
         self.request_id = request_id
         self.reason = reason
+        self.parameter = parameter  # the sampling field at fault (vLLM names it)
+        self.value = value
+
+
+class PromptTooLong(RequestRejected):
+    """The prompt leaves no room for one output token in the context."""
+
+    def __init__(self, request_id: str, reason: str, length: int, context: int) -> None:
+        super().__init__(request_id, reason)
+        self.length = length
+        self.context = context
 
 
 class KvHistoryTruncated(MockEngineError):

@@ -46,7 +46,7 @@ import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 
 from switchyard.mock_engine.distribution import Distribution
-from switchyard.mock_engine.errors import RequestRejected
+from switchyard.mock_engine.errors import PromptTooLong, RequestRejected
 from switchyard.mock_engine.faults import FaultInjector
 from switchyard.mock_engine.kv_cache import Lease, PrefixCache
 from switchyard.mock_engine.timing import Timing
@@ -286,11 +286,13 @@ class MockEngine:
         if not prompt:
             raise RequestRejected(rid, "The decoder prompt cannot be empty")
         if len(prompt) > self.max_prompt_tokens:
-            raise RequestRejected(
+            raise PromptTooLong(
                 rid,
                 f"The input ({len(prompt)} tokens) is longer than the model's context length "
                 f"({self.context_length} tokens) allows: at most {self.max_prompt_tokens} "
                 "prompt tokens.",
+                len(prompt),
+                self.context_length,
             )
         highest = max(prompt)
         if highest >= self.vocab_size or min(prompt) < 0:
@@ -325,6 +327,8 @@ class MockEngine:
                     rid,
                     f"token_id(s) {outside} in logit_bias contain out-of-vocab token ids. "
                     f"Vocabulary size: {self.vocab_size}",
+                    "logit_bias",
+                    outside,
                 )
         if sampling.logprobs is not None and sampling.logprobs < 0:
             raise RequestRejected(rid, f"logprobs must be >= 0, got {sampling.logprobs}")

@@ -11,6 +11,11 @@ array-like KVEventBatch. Events, by `EventFormat`:
             medium], ["BlockRemoved", block_hashes, medium], ["AllBlocksCleared"]
 
 Hashes by `HashForm`: unsigned 64-bit ints, the same bits as signed ints, or 8 big-endian bytes.
+
+vLLM's maps (0.32, recorded in tests/fixtures/vllm_real.json) carry more keys, read by none of
+the consumers we know but there on the wire: BlockStored `lora_name` (None), `extra_keys` (one
+None per block), `group_idx` (0), `kv_cache_spec_kind` ("full_attention"); BlockRemoved
+`group_idx`. `vllm_keys=True` adds them.
 """
 
 from __future__ import annotations
@@ -49,8 +54,10 @@ class WireEncoder:
         form: EventFormat = EventFormat.MAP,
         hash_form: HashForm = HashForm.UINT,
         dp_rank: int = 0,
+        vllm_keys: bool = False,
     ) -> None:
         self.form = form
+        self.vllm_keys = vllm_keys and form is EventFormat.MAP
         self.hash_form = hash_form
         self.dp_rank = dp_rank
         self._encoder = msgspec.msgpack.Encoder()
@@ -77,9 +84,18 @@ class WireEncoder:
                 ("lora_id", None),
                 ("medium", MEDIUM),
             ]
+            if self.vllm_keys:
+                fields += [
+                    ("lora_name", None),
+                    ("extra_keys", [None] * len(event.block_hashes)),
+                    ("group_idx", 0),
+                    ("kv_cache_spec_kind", "full_attention"),
+                ]
             tag = "BlockStored"
         elif isinstance(event, BlockRemoved):
             fields = [("block_hashes", self._hashes(event.block_hashes)), ("medium", MEDIUM)]
+            if self.vllm_keys:
+                fields.append(("group_idx", 0))
             tag = "BlockRemoved"
         elif isinstance(event, AllBlocksCleared):
             fields, tag = [], "AllBlocksCleared"

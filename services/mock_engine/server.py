@@ -230,7 +230,12 @@ class MockEngineServer:
         ranks: list[MockEngine] = []
         for rank in range(config.dp_size):
             publisher = KvEventPublisher(
-                encode=WireEncoder(config.kv_events_format, config.kv_hash_form, rank),
+                encode=WireEncoder(
+                    config.kv_events_format,
+                    config.kv_hash_form,
+                    rank,
+                    vllm_keys=config.protocol == EngineProtocol.VLLM,
+                ),
                 buffer_steps=config.kv_replay_buffer,
             )
             publishers.append(publisher)

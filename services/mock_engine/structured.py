@@ -37,8 +37,8 @@ Encode = Callable[[str], Sequence[int]]
 class ConstraintError(ValueError):
     """A constraint the mock engine cannot build; `kind` names it."""
 
-    def __init__(self, kind: str, detail: str) -> None:
-        super().__init__(f"Invalid {kind} constraint: {detail}")
+    def __init__(self, kind: str, detail: str, message: str | None = None) -> None:
+        super().__init__(message or f"Invalid {kind} constraint: {detail}")
         self.kind = kind
 
 
@@ -161,7 +161,10 @@ def _build(kind: str, value: str, choices: Sequence[str]) -> TextGenerator:
         try:
             schema = json.loads(value)
         except json.JSONDecodeError as exc:
-            raise ConstraintError(kind, f"the schema is not JSON: {exc}") from None
+            # xgrammar's words, which both engines pass on
+            raise ConstraintError(
+                kind, f"the schema is not JSON: {exc}", "Invalid JSON grammar specification."
+            ) from None
         return _schema_generator(schema)
     if kind == JSON_OBJECT:
         return _schema_generator({"type": "object"})

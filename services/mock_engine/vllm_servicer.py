@@ -74,7 +74,7 @@ from switchyard.mock_engine.deps import (
     log_request,
     refuse_if_faulted,
 )
-from switchyard.mock_engine.errors import KvTransferFailed, RequestRejected
+from switchyard.mock_engine.errors import KvTransferFailed, PromptTooLong, RequestRejected
 from switchyard.mock_engine.kv_handover import request_key
 from switchyard.mock_engine.samples import run_samples
 from switchyard.mock_engine.types import (
@@ -101,9 +101,30 @@ def _logprob_count(
     wanted = vocab if count == -1 else count
     if wanted > limit or count < -1:
         raise ValueError(
-            f"Requested {what} logprobs of {wanted}, which is greater than max allowed: {limit}"
+            f"Requested {what} logprobs of {wanted}, which is greater than max allowed: {limit} "
+            f"(parameter={field}, value={wanted})"
         )
     return wanted
+
+
+def vllm_words(exc: RequestRejected) -> str:
+    """A refusal as vLLM 0.32 words it (recorded in tests/fixtures/vllm_real.json)."""
+    if isinstance(exc, PromptTooLong):
+        if exc.length > exc.context:
+            return (
+                f"The decoder prompt (length {exc.length}) is longer than the maximum model "
+                f"length of {exc.context}. Make sure that `max_model_len` is no smaller than "
+                "the number of text tokens."
+            )
+        return (
+            f"The decoder prompt (length {exc.length}) plus the number of requested output "
+            f"tokens (at least 1) is longer than the maximum model length of {exc.context}. "
+            "Make sure that `max_model_len` is no smaller than the number of text tokens "
+            "(prompt + requested output tokens)."
+        )
+    if exc.parameter is not None:
+        return f"{exc.reason} (parameter={exc.parameter}, value={exc.value})"
+    return exc.reason
 
 
 def sampling_spec(params: pb.SamplingParams, max_logprobs: int, vocab: int) -> SamplingSpec:
@@ -314,8 +335,9 @@ class VllmServicer(CommonRpcs, pb_grpc.VllmEngineServicer):
                 if final is not None:
                     yield final
         except RequestRejected as exc:
-            logger.info("rejected request_id=%s: %s", request_id, exc.reason)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.reason)
+            reason = vllm_words(exc)
+            logger.info("rejected request_id=%s: %s", request_id, reason)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
 
     @staticmethod
     def _sample(job: GenerationRequest, index: int) -> GenerationRequest:
@@ -427,8 +449,9 @@ class VllmServicer(CommonRpcs, pb_grpc.VllmEngineServicer):
             eos_token_ids=[facts.eos_token_id],
             pad_token_id=facts.pad_token_id,
             bos_token_id=facts.bos_token_id,
-            max_req_input_len=self.engine.max_prompt_tokens,
-            default_sampling_params_json="{}",
+            # vLLM reports max_model_len here and no defaults as "" (recorded, 0.32).
+            max_req_input_len=deps.config.context_length,
+            default_sampling_params_json="",
         )
 
     async def GetServerInfo(
@@ -442,7 +465,7 @@ class VllmServicer(CommonRpcs, pb_grpc.VllmEngineServicer):
             is_paused=False,
             last_receive_timestamp=self.engine.loads().last_receive_time,
             uptime_seconds=deps.uptime_s(),
-            server_type="vllm-grpc",
+            server_type="",  # vLLM 0.32's servicer leaves it empty
             kv_connector=config.kv_connector or "",
             kv_role=kv_role,
             kv_engine_id=deps.disagg.engine_id if kv_role else "",
@@ -450,6 +473,9 @@ class VllmServicer(CommonRpcs, pb_grpc.VllmEngineServicer):
             kv_cache_dtype="auto",
             block_size=config.block_size,
             model_dtype="torch.bfloat16",
+            multimodal_encoder_dtype="bfloat16",
+            # The mock's constrained outputs start at the first token (no reasoning parser).
+            constrained_decoding_start="first_token",
             max_num_seqs=MAX_RUNNING_REQUESTS,
         )
 

@@ -13,11 +13,10 @@ import asyncio
 import contextlib
 import functools
 import logging
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from switchyard.common import heap
+from switchyard.common import heap, scratch
 from switchyard.common.engines.connect import client_for
 from switchyard.common.engines.tls import EngineTls
 from switchyard.common.errors import EngineError
@@ -66,10 +65,13 @@ async def fetch_from_engines(
             client = client_for(inst.protocol, inst.url, inst.instance_id, tls)
             try:
                 data = await client.fetch_tokenizer()
-                dest = tempfile.mkdtemp(prefix="switchyard-tokenizer-")
-                bundle = await asyncio.to_thread(TokenizerBundle.from_zip_bytes, data, dest)
+                # Loaded, the bundle holds everything in memory: the unpacked files go at once
+                # (a process killed meanwhile leaves them to the next start's sweep).
+                with scratch.folder("switchyard-tokenizer-") as dest:
+                    bundle = await asyncio.to_thread(TokenizerBundle.from_zip_bytes, data, dest)
                 log.info(
-                    "tokenizer of model %r fetched from %s (%d bytes) into %s",
+                    "tokenizer of model %r fetched from %s (%d bytes), unpacked in %s "
+                    "(removed once loaded)",
                     inst.model,
                     inst.url,
                     len(data),

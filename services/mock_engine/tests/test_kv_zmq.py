@@ -95,6 +95,11 @@ class TestPublish:
                     "block_size": BS,
                     "lora_id": None,
                     "medium": "GPU",
+                    # vLLM 0.32's further keys (tests/fixtures/vllm_real.json)
+                    "lora_name": None,
+                    "extra_keys": [None, None, None],
+                    "group_idx": 0,
+                    "kv_cache_spec_kind": "full_attention",
                 }
             ]
         )

@@ -178,7 +178,8 @@ class TestInfo:
 
     async def test_server_info(self, vllm: Any, vllm_engine: MockEngineServer) -> None:
         info = await vllm.GetServerInfo(pb.GetServerInfoRequest())
-        assert info.server_type == "vllm-grpc"
+        assert info.server_type == ""  # as vLLM 0.32's servicer (tests/fixtures/vllm_real.json)
+        assert info.constrained_decoding_start == "first_token"
         assert (info.kv_role, info.kv_connector, info.kv_engine_id) == ("", "", "")
         assert info.block_size == vllm_engine.config.block_size
         assert info.data_parallel_size == 1 and info.max_num_seqs > 0
