@@ -146,7 +146,9 @@ class ChoiceOutput:
             self._held = None
             if held != matched_token_id and (self._drop is None or held not in self._drop):
                 tail = self._detok.add((held,))
-        tail += self._detok.flush()
+        # What the detokenizer still holds is an incomplete UTF-8 character (the output
+        # stopped inside it): vLLM's server drops it, as its decode stream never completes
+        # it (SGLang's would send U+FFFD); so do we.
         stop = self._stop
         if stop is not None:
             tail, stopped = stop.feed(tail)

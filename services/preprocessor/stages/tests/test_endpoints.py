@@ -174,6 +174,22 @@ class TestStopTokenIds:
         assert content(http) == "one two three"
 
 
+class TestIncompleteCharacterAtTheEnd:
+    @pytest.mark.parametrize("stream", [True, False])
+    async def test_is_dropped_as_vllms_server_does(self, bundle, stream):
+        """An output cut inside a multi-byte character ends without U+FFFD: vLLM's server
+        drops the incomplete bytes (the real-engine suite found Switchyard sent U+FFFD)."""
+        ids = ids_of(bundle, "ok") + ids_of(bundle, "😀")[:1]
+
+        def script(req):
+            return [tokens(req.request_id, *ids), done(req.request_id, "length")]
+
+        d = deps(bundle, FakeRouter([1]), FakeDispatcher(script))
+        _, http = await run(d, chat_body(stream=stream))
+        text = content(http) if stream else http.json()["choices"][0]["message"]["content"]
+        assert text == "ok"
+
+
 class TestRouteHints:
     """What the router is told (the session key) and what its answer pins (the DP rank)."""
 
