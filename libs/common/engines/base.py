@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeAlias
 
 import grpc
+from grpc_health.v1 import health_pb2
 from smg_grpc_proto.generated import common_pb2
 
 from switchyard.common import errors
@@ -27,6 +28,8 @@ from switchyard.protos.messages import (
     TokenDelta,
     TokenLogprobs,
 )
+
+HEALTH_SERVICE = "grpc.health.v1.Health"
 
 # Keepalive: a frozen engine (SIGSTOP, a hung host) keeps its TCP connection open, so only
 # an unanswered HTTP/2 ping shows it: the transport closes and its calls fail UNAVAILABLE
@@ -251,20 +254,28 @@ class EngineClient(abc.ABC):
         async with self._engine_errors():
             return await method(request, timeout=timeout, metadata=metadata)
 
-    async def _unary(self, method: str, request: Any, reply_type: Any, timeout: float) -> Any:
+    async def _unary(
+        self, method: str, request: Any, reply_type: Any, timeout: float, service: str = ""
+    ) -> Any:
         """One unary call of `method`. A client with HTTP/2 streams makes it on that
         connection, a stream with one reply, and not through gRPC core, whose threads and
         timers cost more than the call (an idle router's load polls, fleet's probes:
         docs/benchmarks.md, "Engine connections"). Fails as `_rpc` does: EngineErrors,
         timeouts as kind timeout."""
+        path = f"/{service or self.service_name}/{method}"
         streams = self.streams
         if streams is None:
-            return await self._rpc(getattr(self.stub, method), request, timeout)
+            call_of = (
+                self.channel.unary_unary(
+                    path, type(request).SerializeToString, reply_type.FromString
+                )
+                if service
+                else getattr(self.stub, method)
+            )
+            return await self._rpc(call_of, request, timeout)
         if self.closed:
             raise self._closed()
-        call = streams.call(
-            f"/{self.service_name}/{method}", request.SerializeToString(), reply_type.FromString
-        )
+        call = streams.call(path, request.SerializeToString(), reply_type.FromString)
         try:
             async with asyncio.timeout(timeout):
                 replies = [reply async for reply in call]
@@ -300,11 +311,29 @@ class EngineClient(abc.ABC):
             raise self._closed() from None
 
     async def health(self, timeout: float) -> bool:
+        """HealthCheck says healthy and the standard health service does not say NOT_SERVING
+        for the engine's service: vLLM's servicer answers HealthCheck healthy while its
+        planned warm-up still runs (a minute and more on CPU, 128 requests at a time) and
+        holds the standard service at NOT_SERVING until it is over, and again from a
+        graceful shutdown on. An engine without the standard service is judged by
+        HealthCheck alone."""
         proto = self.proto
         reply = await self._unary(
             "HealthCheck", proto.HealthCheckRequest(), proto.HealthCheckResponse, timeout
         )
-        return bool(reply.healthy)
+        return bool(reply.healthy) and await self._serving(timeout)
+
+    async def _serving(self, timeout: float) -> bool:
+        request = health_pb2.HealthCheckRequest(service=self.service_name)
+        try:
+            reply = await self._unary(
+                "Check", request, health_pb2.HealthCheckResponse, timeout, HEALTH_SERVICE
+            )
+        except EngineError as exc:
+            if exc.code in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.NOT_FOUND):
+                return True
+            raise
+        return bool(reply.status != health_pb2.HealthCheckResponse.NOT_SERVING)
 
     async def _model_and_server_info(self, timeout: float) -> tuple[Any, Any]:
         proto = self.proto

@@ -123,3 +123,32 @@ async def test_fleet_probes_on_a_mock_engine(protocol):
         finally:
             await client.close()
             await probed.close()
+
+
+@pytest.mark.parametrize("protocol", ["sglang", "vllm"])
+async def test_an_engine_whose_health_service_is_not_serving_is_unhealthy(protocol):
+    """vLLM's servicer answers HealthCheck healthy during its warm-up and holds the standard
+    health service at NOT_SERVING until it is over (found on a real vLLM: engines were
+    admitted mid-warm-up, 128 warm-up requests running)."""
+    from grpc_health.v1 import health_pb2
+
+    async with start_mock_engine(MockEngineConfig(protocol=protocol, port=0)) as mock:
+        client = client_for(protocol, f"grpc://{mock.target}", 4)
+        try:
+            assert await client.health(2.0)
+            await mock._health.set(client.service_name, health_pb2.HealthCheckResponse.NOT_SERVING)
+            assert not await client.health(2.0)
+            await mock._health.set(client.service_name, health_pb2.HealthCheckResponse.SERVING)
+            assert await client.health(2.0)
+        finally:
+            await client.close()
+
+
+class Healthy(sgrpc.SglangSchedulerServicer):
+    async def HealthCheck(self, request, context):
+        return spb.HealthCheckResponse(healthy=True)
+
+
+async def test_an_engine_without_the_standard_health_service_is_judged_by_healthcheck():
+    async with engine(Healthy()) as client:
+        assert await client.health(2.0)
