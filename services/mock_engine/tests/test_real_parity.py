@@ -16,9 +16,8 @@ import json
 from pathlib import Path
 
 import pytest
-
-from switchyard.mock_engine.testing import kv_replay, spawn_mock_engine
-from switchyard.mock_engine.wire_shapes import blank_numbers, observe
+from support.mock_engine import kv_replay, spawn_mock_engine
+from support.wire_shapes import blank_numbers, observe
 
 REAL = json.loads((Path(__file__).parent / "fixtures" / "vllm_real.json").read_text())
 SAME_VALUES = {

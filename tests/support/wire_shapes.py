@@ -3,9 +3,10 @@
 `observe(target, kv_events)` asks an engine (the real one or the mock) what a gateway asks it:
 GetModelInfo, GetServerInfo, GetLoads, Generate with bad inputs (status code and message),
 Abort mid-stream and of an unknown id, and the KV events a request publishes (ZMQ frames and
-payload). `shape(...)` keeps what must agree between engines serving different models: the
-fields each reply sets and their types; the status codes; messages with their numbers blanked;
-the event types and each event's keys with their value types.
+payload). `message_shape`, `event_shapes` and `blank_numbers` keep what must agree between
+engines serving different models: the fields each reply sets and their types; the status codes;
+messages with their numbers blanked; the event types and each event's keys with their value
+types.
 
 The real-engine suite records a real vLLM's observation into
 services/mock_engine/tests/fixtures/ (`make test-engines` with SWITCHYARD_RECORD_FIXTURES=1;
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import re
 from typing import Any
 
@@ -79,7 +81,12 @@ def blank_numbers(text: str) -> str:
 
 
 def _request(rid: str, ids: list[int], **sampling: Any) -> pb.GenerateRequest:
-    params = {"temperature": 0.0, "top_p": 1.0, "repetition_penalty": 1.0, "max_tokens": 4}
+    params: dict[str, Any] = {
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "repetition_penalty": 1.0,
+        "max_tokens": 4,
+    }
     params.update(sampling)
     bias = params.pop("logit_bias", None)
     message = pb.SamplingParams(**params)
@@ -87,7 +94,10 @@ def _request(rid: str, ids: list[int], **sampling: Any) -> pb.GenerateRequest:
         for key, value in bias.items():
             message.logit_bias[key] = value
     return pb.GenerateRequest(
-        request_id=rid, tokenized=pb.TokenizedInput(input_ids=ids), sampling_params=message
+        request_id=rid,
+        tokenized=pb.TokenizedInput(input_ids=ids),
+        sampling_params=message,
+        stream=True,
     )
 
 
@@ -105,9 +115,12 @@ def bad_requests(context: int, vocab: int) -> dict[str, pb.GenerateRequest]:
 
 
 async def _status(call: Any) -> dict[str, str]:
+    """The call's status code and message; OK once a first reply came (the request was
+    taken: the rest is not waited for, a long one could outlast any deadline)."""
     try:
         async for _ in call:
-            pass
+            call.cancel()
+            break
     except grpc.aio.AioRpcError as exc:
         return {"code": exc.code().name, "message": exc.details() or ""}
     return {"code": "OK", "message": ""}
@@ -139,7 +152,8 @@ async def _kv_events(stub: Any, endpoint: str, prompt: list[int], wait_s: float)
     sub.connect(endpoint)
     try:
         await asyncio.sleep(0.5)  # the subscription reaches the publisher
-        await _status(stub.Generate(_request("kv-1", prompt, max_tokens=2)))
+        async for _ in stub.Generate(_request("kv-1", prompt, max_tokens=2)):
+            pass  # to its end: the engine stores the prompt's blocks
         frames = []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
@@ -194,7 +208,8 @@ async def observe(target: str, kv_events: str | None, kv_wait_s: float = 3.0) ->
         kv: dict[str, Any] = {}
         if kv_events is not None:
             block = int(server.block_size) or 16
-            prompt = [2000 + i for i in range(2 * block + 5)]
+            # new to the engine's cache whatever it served before: it stores its blocks
+            prompt = [random.randrange(2000, 100_000) for _ in range(2 * block + 5)]
             with contextlib.suppress(asyncio.TimeoutError):
                 kv = event_shapes(await _kv_events(stub, kv_events, prompt, kv_wait_s))
     return {
