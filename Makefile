@@ -130,3 +130,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/operability.py
 	$(BIN)/python bench/startup.py
 	$(BIN)/python bench/overload.py
+	$(BIN)/python bench/real_engine.py
