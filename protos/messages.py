@@ -18,6 +18,8 @@ Embeddings or one GenerateFailed. CancelRequest stops either.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 # Instance roles. An engine that reports none is "aggregated" unless the operator lists it as
@@ -41,8 +43,15 @@ class Instance(msgspec.Struct, frozen=True, kw_only=True):
     block_size: int  # KV block (page) size in tokens
     role: str = ROLE_AGGREGATED
     bootstrap_port: int | None = None  # SGLang disaggregation bootstrap port
-    kv_events_endpoint: str | None = None
+    kv_events_endpoint: str | None = None  # the engine's PUB binds here: consumers connect
     kv_replay_endpoint: str | None = None
+    # The engine's PUB connects here instead (a named host, by the engine's own rule): the
+    # router binds this endpoint for it (rank r at port + r), and tells engines apart by topic.
+    kv_events_bind: str | None = None
+    kv_topic: str | None = None  # the topic the engine publishes under (None: not reported)
+    # Fleet's wall clock when it admitted (or re-admitted) the engine: blocks the engine
+    # stored in batches stamped before it (its warm-up) are not indexed. 0: unknown.
+    admitted_at: float = 0.0
     max_running_requests: int = 0  # 0 when the engine does not say
     # Data-parallel ranks: each is its own KV cache and scheduler (KV events on base port +
     # rank); a request may be pinned to one with GenerateRequest.data_parallel_rank.
@@ -182,6 +191,17 @@ class WorkerScore(msgspec.Struct, frozen=True, kw_only=True):
     engine_running: int = -1  # the engine's own load report (-1: none yet)
     engine_waiting: int = -1
     engine_kv_usage: float = -1.0
+    # How fresh the router's view of this worker's cache is (KV events over ZMQ; -1: not
+    # known, e.g. a gRPC-fed worker): see the router's /debug/kv and kv metrics.
+    kv_blocks: int = -1  # blocks the index holds for it (device tier)
+    kv_event_age_ms: float = -1.0  # since its last KV event (live or replayed)
+    kv_last_seq: int = -1
+    kv_lag_ms: float = -1.0  # the router's estimate of how far behind the engine it is
+    kv_gaps: int = -1
+    kv_replays: int = -1
+    kv_resets: int = -1
+    kv_connected: bool = False
+    kv_suspected_stale: bool = False
 
 
 class RouteResponse(msgspec.Struct, frozen=True, kw_only=True, tag="routed"):
@@ -221,7 +241,23 @@ class InstanceBusy(msgspec.Struct, frozen=True, tag="busy"):
     seconds: float
 
 
-RouterRequest = RouteRequest | RouteProgress | InstanceBusy
+class KvDebugRequest(msgspec.Struct, frozen=True, kw_only=True, tag="kv_debug"):
+    """GET /debug/kv: one worker's index summary and event stream (`instance_id` None: every
+    worker's stream, no index detail)."""
+
+    request_id: str
+    instance_id: int | None = None
+    dp_rank: int = 0
+
+
+class KvDebugReply(msgspec.Struct, frozen=True, kw_only=True, tag="kv_debug_reply"):
+    request_id: str
+    found: bool
+    # JSON-ready: {"workers": [...]} or one worker's {"index": ..., "stream": ..., ...}
+    body: dict[str, Any] = {}
+
+
+RouterRequest = RouteRequest | RouteProgress | InstanceBusy | KvDebugRequest
 
 # ---- dispatcher --------------------------------------------------------------------------
 

@@ -4,9 +4,16 @@ A worker comes from a `--worker` flag or a workers file entry:
 
     grpc://h:30000
     grpc://h:30000?kv_events=tcp://h:5557&kv_replay=tcp://h:5558&role=prefill
+    grpc://h:30000?kv_bind=tcp://*:5557&kv_topic=engine-a&kv_replay=tcp://h:5558
+
+`kv_events` is where the engine's KV-event publisher is bound (the router connects there);
+`kv_bind` is where the router binds for an engine whose publisher connects (its configured
+endpoint names the router's host), `kv_topic` the topic it publishes under. Both override what
+the engine reports (SGLang reports its kv_events_config; vLLM reports nothing).
 
 A workers file is YAML (`.yaml`/`.yml`) or JSON (`.json`) holding a list whose items are such
-strings or mappings `{url, kv_events, kv_replay, role, model}` (only `url` required). `role`
+strings or mappings `{url, kv_events, kv_replay, kv_bind, kv_topic, role, model}` (only `url`
+required). `role`
 is `prefill` or `decode`; only `prefill` changes anything (see fleet's role resolution).
 `model` overrides the model id the engine reports. Anything else fails loudly: a ValueError
 that names the entry.
@@ -25,7 +32,7 @@ import yaml
 from switchyard.common.instance_id import instance_id as _instance_id
 from switchyard.common.instance_id import normalize_url
 
-OPTIONS = ("kv_events", "kv_replay", "role", "model")
+OPTIONS = ("kv_events", "kv_replay", "kv_bind", "kv_topic", "role", "model")
 ROLES = ("prefill", "decode")
 _ENDPOINT_SCHEMES = ("tcp", "ipc", "inproc")
 _YAML_SUFFIXES = (".yaml", ".yml")
@@ -40,6 +47,8 @@ class WorkerSpec:
     url: str
     kv_events: str | None = None  # overrides the endpoint the engine advertises
     kv_replay: str | None = None
+    kv_bind: str | None = None  # the router binds here for the engine's connecting publisher
+    kv_topic: str | None = None  # the topic the engine publishes under
     prefill: bool = False  # listed as prefill by the operator
     model: str | None = None  # overrides the engine's served model name
     instance_id: int = field(init=False)
@@ -48,10 +57,14 @@ class WorkerSpec:
         url = normalize_url(self.url)
         object.__setattr__(self, "url", url)
         object.__setattr__(self, "instance_id", _instance_id(url))
-        for name in ("kv_events", "kv_replay"):
+        for name in ("kv_events", "kv_replay", "kv_bind"):
             value = getattr(self, name)
             if value is not None:
                 _endpoint(name, value)
+        if self.kv_events is not None and self.kv_bind is not None:
+            raise ValueError("give kv_events (the engine binds) or kv_bind (it connects), not both")
+        if self.kv_topic is not None and not isinstance(self.kv_topic, str):
+            raise ValueError(f"kv_topic must be a string, got {self.kv_topic!r}")
         if self.model is not None and (not isinstance(self.model, str) or not self.model.strip()):
             raise ValueError(f"model must be a non-empty string, got {self.model!r}")
 
@@ -74,6 +87,9 @@ def _spec(url: object, options: Mapping[str, object]) -> WorkerSpec:
     if role is not None and role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
     kv_events, kv_replay = options.get("kv_events"), options.get("kv_replay")
+    kv_bind, kv_topic = options.get("kv_bind"), options.get("kv_topic")
+    if kv_topic is not None and not isinstance(kv_topic, str):
+        raise ValueError(f"kv_topic must be a string, got {kv_topic!r}")
     model = options.get("model")
     if model is not None and not isinstance(model, str):
         raise ValueError(f"model must be a string, got {model!r}")
@@ -81,6 +97,8 @@ def _spec(url: object, options: Mapping[str, object]) -> WorkerSpec:
         url,
         kv_events=None if kv_events is None else _endpoint("kv_events", kv_events),
         kv_replay=None if kv_replay is None else _endpoint("kv_replay", kv_replay),
+        kv_bind=None if kv_bind is None else _endpoint("kv_bind", kv_bind),
+        kv_topic=kv_topic,
         prefill=role == "prefill",
         model=model,
     )

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from switchyard.common.engines import EngineInfo
+from switchyard.common.kv_endpoints import listen_endpoint
 from switchyard.common.workers import WorkerSpec
 from switchyard.protos.messages import ROLE_AGGREGATED, ROLE_DECODE, ROLE_PREFILL, Instance
 
@@ -42,8 +43,24 @@ def connectable_endpoint(endpoint: str | None, engine_url: str) -> str | None:
     return endpoint
 
 
-def build_instance(spec: WorkerSpec, info: EngineInfo, any_listed_prefill: bool) -> Instance:
+def kv_sources(spec: WorkerSpec, info: EngineInfo) -> tuple[str | None, str | None]:
+    """(the engine's bound PUB to connect to, the endpoint to bind for its connecting PUB):
+    the operator's option wins, else the engine's report by the engine's own rule."""
+    if spec.kv_events or spec.kv_bind:
+        return spec.kv_events, spec.kv_bind
+    endpoint = info.kv_events_endpoint
+    if not endpoint:
+        return None, None
+    if info.kv_events_binds:
+        return connectable_endpoint(endpoint, spec.url), None
+    return None, listen_endpoint(endpoint)
+
+
+def build_instance(
+    spec: WorkerSpec, info: EngineInfo, any_listed_prefill: bool, admitted_at: float = 0.0
+) -> Instance:
     """The routable record of a worker; endpoints from the spec override the engine's."""
+    events, bind = kv_sources(spec, info)
     return Instance(
         instance_id=spec.instance_id,
         url=spec.url,
@@ -53,10 +70,12 @@ def build_instance(spec: WorkerSpec, info: EngineInfo, any_listed_prefill: bool)
         block_size=info.block_size,
         role=resolve_role(info.role, spec.prefill, any_listed_prefill),
         bootstrap_port=info.bootstrap_port,
-        kv_events_endpoint=spec.kv_events
-        or connectable_endpoint(info.kv_events_endpoint, spec.url),
+        kv_events_endpoint=events,
         kv_replay_endpoint=spec.kv_replay
         or connectable_endpoint(info.kv_replay_endpoint, spec.url),
+        kv_events_bind=bind,
+        kv_topic=spec.kv_topic if spec.kv_topic is not None else info.kv_topic,
+        admitted_at=admitted_at,
         max_running_requests=info.max_running_requests,
         local_prefill=info.local_prefill,
         is_generation=info.is_generation,
@@ -82,6 +101,7 @@ class Registry:
         # Drained by the operator (admin API): probed as usual, never routable, until resumed
         # or no longer configured.
         self._draining: set[int] = set()
+        self._admitted: dict[int, float] = {}  # instance id -> wall clock of its admission
         self._round = 0
         self.configure(specs)
 
@@ -100,6 +120,7 @@ class Registry:
             self._down.pop(spec.instance_id, None)
             self._streak.pop(spec.instance_id, None)
             self._draining.discard(spec.instance_id)
+            self._admitted.pop(spec.instance_id, None)
         self._specs = new
         return added, removed
 
@@ -138,10 +159,26 @@ class Registry:
         self._round += 1
         return self._round
 
-    def record(self, instance_id: int, round_: int, info: EngineInfo | None) -> None:
-        """A probe result from `round_`: its info, or None when the probe failed."""
+    def _admissible(self, instance_id: int) -> bool:
+        return (
+            instance_id in self._info
+            and instance_id not in self._down
+            and instance_id not in self._streak
+        )
+
+    def record(
+        self, instance_id: int, round_: int, info: EngineInfo | None, now: float = 0.0
+    ) -> None:
+        """A probe result from `round_`: its info, or None when the probe failed. `now` (wall
+        clock) stamps an admission: the probe that makes the instance routable again."""
         if instance_id not in self._specs:
             return  # removed while the probe was in flight
+        was = self._admissible(instance_id)
+        self._record(instance_id, round_, info)
+        if not was and self._admissible(instance_id):
+            self._admitted[instance_id] = now
+
+    def _record(self, instance_id: int, round_: int, info: EngineInfo | None) -> None:
         if info is None:
             if self._info.pop(instance_id, None) is not None or instance_id in self._streak:
                 self._streak[instance_id] = 0  # it was up (or recovering): start over
@@ -224,7 +261,12 @@ class Registry:
     def routable(self) -> list[Instance]:
         any_listed_prefill = any(spec.prefill for spec in self._specs.values())
         return [
-            build_instance(spec, self._info[spec.instance_id], any_listed_prefill)
+            build_instance(
+                spec,
+                self._info[spec.instance_id],
+                any_listed_prefill,
+                self._admitted.get(spec.instance_id, 0.0),
+            )
             for spec in self.specs
             if spec.instance_id in self._info
             and spec.instance_id not in self._down

@@ -30,7 +30,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 import msgspec
@@ -96,8 +96,10 @@ class FleetService:
         tls: EngineTls | None = None,
         state: StateFile | None = None,
         state_max_age: float = 60.0,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._source = source
+        self._wall_clock = wall_clock  # stamps admissions (Instance.admitted_at)
         self._ports = ports  # where a port 0 in `control` / `events` is searched
         self._pods = pods
         self._listed: list[WorkerSpec] = []  # from flags and the workers file
@@ -316,7 +318,7 @@ class FleetService:
         for spec, info in zip(specs, results, strict=True):
             if not self._registry.has(spec.instance_id):
                 continue  # removed while its probe was in flight: no state left behind
-            self._registry.record(spec.instance_id, round_, info)
+            self._registry.record(spec.instance_id, round_, info, self._wall_clock())
             self._schedule(spec.instance_id, info is not None, now)
         await self._prober.retain({spec.url for spec in self._registry.specs})
         await self._publish()

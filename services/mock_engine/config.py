@@ -305,23 +305,35 @@ class MockEngineConfig:
             prefill_stalls_decode=self.prefill_stalls_decode,
         )
 
-    def sglang_kv_events_config(self) -> str | None:
-        """`server_args.kv_events_config` as SGLang shows it: its KVEventsConfig as JSON,
-        endpoints verbatim (a `*` is the bind wildcard; consumers put the engine host there);
-        None without a PUB endpoint."""
+    def sglang_kv_events_config(
+        self, bound: str | None = None, binds: bool | None = None, replay: str | None = None
+    ) -> str | None:
+        """`server_args.kv_events_config` as SGLang shows it: its KVEventsConfig as JSON (a
+        `*` is the bind wildcard; consumers put the engine host there); None without a PUB
+        endpoint. `bound` / `replay`: the endpoints as bound (their ports shown, so a port 0
+        reads as the port it resolved to; hosts as configured); `binds`:
+        whether the PUB bound, said as SGLang's `"bind": true` when the endpoint names a host
+        (the mock's port-0 convention), since by SGLang's own rule a named host connects."""
         if self.kv_events_endpoint is None:
             return None
-        return json.dumps(
-            {
-                "publisher": "zmq",
-                "endpoint": self.kv_events_endpoint,
-                "replay_endpoint": self.kv_replay_endpoint,
-                "buffer_steps": self.kv_replay_buffer,
-                "hwm": KV_EVENTS_HWM,
-                "max_queue_size": KV_EVENTS_HWM,
-                "topic": self.kv_events_topic,
-            }
-        )
+        endpoint = self.kv_events_endpoint
+        if bound is not None and binds:
+            endpoint = f"{endpoint.rpartition(':')[0]}:{bound.rpartition(':')[2]}"
+        replay_endpoint = self.kv_replay_endpoint
+        if replay is not None and replay_endpoint is not None:
+            replay_endpoint = f"{replay_endpoint.rpartition(':')[0]}:{replay.rpartition(':')[2]}"
+        config: dict[str, object] = {
+            "publisher": "zmq",
+            "endpoint": endpoint,
+            "replay_endpoint": replay_endpoint,
+            "buffer_steps": self.kv_replay_buffer,
+            "hwm": KV_EVENTS_HWM,
+            "max_queue_size": KV_EVENTS_HWM,
+            "topic": self.kv_events_topic,
+        }
+        if binds and not any(w in endpoint for w in ("*", "::", "0.0.0.0")):
+            config["bind"] = True
+        return json.dumps(config)
 
     @property
     def script(self) -> Script | None:

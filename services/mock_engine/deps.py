@@ -49,6 +49,7 @@ class ServicerDeps:
     script: Script | None = None
     kv_publishers: tuple[KvEventPublisher, ...] = ()  # one per data-parallel rank
     tokenizer_dir: Path | None = None  # a folder holding exactly what GetTokenizer serves
+    kv_events_config: str | None = None  # SGLang's server_args.kv_events_config, as bound
 
     @property
     def tokenizer_path(self) -> str:

@@ -301,6 +301,11 @@ class MockEngineServer:
             script=config.script,
             kv_publishers=tuple(publishers),
             tokenizer_dir=tokenizer_dir,
+            kv_events_config=config.sglang_kv_events_config(
+                transports[0].bound_endpoint if transports else None,
+                not transports[0].connects if transports else None,
+                transports[0].bound_replay_endpoint if transports else None,
+            ),
         )
         if config.protocol is EngineProtocol.SGLANG:
             sglang_scheduler_pb2_grpc.add_SglangSchedulerServicer_to_server(

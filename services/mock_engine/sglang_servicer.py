@@ -404,7 +404,7 @@ class SglangServicer(CommonRpcs, pb_grpc.SglangSchedulerServicer):
             "skip_tokenizer_init": False,
             "disaggregation_mode": mode,
             "disaggregation_bootstrap_port": self.deps.disagg.port or config.bootstrap_port,
-            "kv_events_config": config.sglang_kv_events_config(),
+            "kv_events_config": self.deps.kv_events_config,
             "dp_size": config.dp_size,
             "tp_size": 1,
             "enable_dp_attention": False,

@@ -75,6 +75,8 @@ class EngineInfo:
     bootstrap_port: int | None = None
     kv_events_endpoint: str | None = None
     kv_replay_endpoint: str | None = None
+    kv_events_binds: bool = True  # False: the publisher connects to kv_events_endpoint
+    kv_topic: str | None = None
     max_running_requests: int = 0
     tokenizer_path: str = ""
     local_prefill: bool = True  # False: the engine only decodes transferred KV

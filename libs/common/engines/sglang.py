@@ -22,6 +22,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 
 from switchyard.common.engines import wire
 from switchyard.common.engines.base import EngineClient, EngineInfo
+from switchyard.common.kv_endpoints import publisher_binds
 from switchyard.protos import messages as m
 from switchyard.protos.messages import (
     PROTOCOL_SGLANG,
@@ -46,20 +47,41 @@ def _dp_size(args: dict[str, Any]) -> int:
     return width("dp_size") * width("attn_dp_size")
 
 
-def _kv_events_endpoint(config: Any, key: str = "endpoint") -> str | None:
-    """server_args.kv_events_config is a JSON string (or a dict) with an `endpoint` (and, on
-    newer SGLang, a `replay_endpoint`)."""
+def _kv_events_config(config: Any) -> dict[str, Any]:
+    """server_args.kv_events_config: a JSON string (or a dict) with an `endpoint` (and, on
+    newer SGLang, a `replay_endpoint`, `topic`, `bind`); {} when absent or unreadable."""
     if isinstance(config, str) and config.strip():
         import orjson
 
         try:
             config = orjson.loads(config)
         except orjson.JSONDecodeError:
-            return None
-    if isinstance(config, dict):
-        endpoint = config.get(key)
-        return str(endpoint) if endpoint else None
-    return None
+            return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _kv_events_endpoint(config: Any, key: str = "endpoint") -> str | None:
+    endpoint = _kv_events_config(config).get(key)
+    return str(endpoint) if endpoint else None
+
+
+def _kv_events_facts(config: Any) -> dict[str, Any]:
+    """EngineInfo's KV-event fields: the endpoints, the topic, and whether the publisher binds
+    (SGLang's own rule, switchyard.common.kv_endpoints)."""
+    parsed = _kv_events_config(config)
+    endpoint = _kv_events_endpoint(parsed)
+    bind = parsed.get("bind")
+    topic = parsed.get("topic")
+    return {
+        "kv_events_endpoint": endpoint,
+        "kv_replay_endpoint": _kv_events_endpoint(parsed, "replay_endpoint"),
+        "kv_events_binds": publisher_binds(
+            endpoint, PROTOCOL_SGLANG, bind if isinstance(bind, bool) else None
+        )
+        if endpoint
+        else True,
+        "kv_topic": str(topic) if isinstance(topic, str) else None,
+    }
 
 
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
@@ -118,8 +140,7 @@ class SglangClient(EngineClient):
             role=role,
             local_prefill=role != ROLE_DECODE,  # decode mode only takes transferred KV
             bootstrap_port=int(bootstrap) if role == ROLE_PREFILL and bootstrap else None,
-            kv_events_endpoint=_kv_events_endpoint(args.get("kv_events_config")),
-            kv_replay_endpoint=_kv_events_endpoint(args.get("kv_events_config"), "replay_endpoint"),
+            **_kv_events_facts(args.get("kv_events_config")),
             max_running_requests=int(args.get("max_running_requests") or 0),
             tokenizer_path=model.tokenizer_path,
             is_generation=bool(model.is_generation),

@@ -140,3 +140,17 @@ class TestCombine:
     def test_bad_prefill_url(self):
         with pytest.raises(ValueError, match="prefill 'http://x:1'"):
             combine_workers([], prefill=["http://x:1"])
+
+
+class TestKvBindOptions:
+    def test_kv_bind_and_topic(self):
+        spec = parse_worker("grpc://h:1?kv_bind=tcp://*:5557&kv_topic=engine-a")
+        assert (spec.kv_bind, spec.kv_topic, spec.kv_events) == ("tcp://*:5557", "engine-a", None)
+
+    def test_kv_bind_with_kv_events_refused(self):
+        with pytest.raises(ValueError, match="not both"):
+            parse_worker("grpc://h:1?kv_bind=tcp://*:5557&kv_events=tcp://h:5557")
+
+    def test_kv_bind_must_be_an_endpoint(self):
+        with pytest.raises(ValueError, match="kv_bind"):
+            parse_worker("grpc://h:1?kv_bind=5557")

@@ -58,6 +58,39 @@ class TestBuildInstance:
         assert build_instance(A, info(), False).is_generation
         assert not build_instance(A, info(is_generation=False), False).is_generation
 
+    def test_publisher_that_binds_is_connected_to(self):
+        got = build_instance(A, info(kv_events_endpoint="tcp://*:5557"), False)
+        assert (got.kv_events_endpoint, got.kv_events_bind) == ("tcp://10.0.0.1:5557", None)
+
+    def test_publisher_that_connects_gets_a_router_endpoint(self):
+        """Issue 32: an engine that reports a named host connects there (its own rule): the
+        router binds that port for it, with the engine's topic, without extra flags."""
+        reported = info(
+            kv_events_endpoint="tcp://router:5557", kv_events_binds=False, kv_topic="engine-a"
+        )
+        got = build_instance(A, reported, False)
+        assert got.kv_events_endpoint is None and got.kv_events_bind == "tcp://*:5557"
+        assert got.kv_topic == "engine-a"
+
+    def test_worker_options_override_the_report(self):
+        spec = WorkerSpec("grpc://10.0.0.1:30000", kv_bind="tcp://*:6000", kv_topic="t")
+        got = build_instance(spec, info(kv_events_endpoint="tcp://*:5557"), False)
+        assert (got.kv_events_endpoint, got.kv_events_bind, got.kv_topic) == (
+            None,
+            "tcp://*:6000",
+            "t",
+        )
+
+    def test_admission_stamped_once_per_admission(self):
+        registry = Registry([A], readmit_after=1)
+        registry.record(A.instance_id, registry.start_round(), info(), now=100.0)
+        registry.record(A.instance_id, registry.start_round(), info(), now=110.0)
+        assert registry.routable()[0].admitted_at == 100.0
+        registry.mark_down(A.instance_id)
+        assert registry.routable() == []
+        registry.record(A.instance_id, registry.start_round(), info(), now=200.0)
+        assert registry.routable()[0].admitted_at == 200.0
+
     def test_connectable_endpoint(self):
         assert connectable_endpoint("tcp://0.0.0.0:7", "grpc://h:1") == "tcp://h:7"
         assert connectable_endpoint("tcp://[::]:7", "grpc://[::1]:1") == "tcp://[::1]:7"

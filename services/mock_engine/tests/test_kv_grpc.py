@@ -230,7 +230,8 @@ class TestCachedTokens:
 
 
 class TestServerInfo:
-    async def test_sglang_advertises_its_kv_events_config_verbatim(self) -> None:
+    async def test_sglang_advertises_its_kv_events_config(self) -> None:
+        """As configured, a port 0 shown as the port it bound (a consumer can use it)."""
         settings = config(
             "sglang",
             kv_events_endpoint="tcp://*:0",
@@ -242,10 +243,12 @@ class TestServerInfo:
                 stub = spb_grpc.SglangSchedulerStub(channel)
                 info = await stub.GetServerInfo(spb.GetServerInfoRequest())
         advertised = json_format.MessageToDict(info.server_args)["kv_events_config"]
+        pub_port = server.kv_events_endpoint.rpartition(":")[2]
+        replay_port = server.kv_replay_endpoint.rpartition(":")[2]
         assert json.loads(advertised) == {
             "publisher": "zmq",
-            "endpoint": "tcp://*:0",
-            "replay_endpoint": "tcp://*:0",
+            "endpoint": f"tcp://*:{pub_port}",
+            "replay_endpoint": f"tcp://*:{replay_port}",
             "buffer_steps": 10000,
             "hwm": 100000,
             "max_queue_size": 100000,

@@ -301,6 +301,24 @@ class KvIndex:
     def workers(self) -> list[WorkerKey]:
         return list(self._workers)
 
+    def summary(self, worker: WorkerKey) -> dict[str, object] | None:
+        """What the index holds for one worker (for /debug/kv; None: unknown worker)."""
+        w = self._workers.get(worker)
+        if w is None:
+            return None
+        device, offloaded = w.tiers
+        device_blocks = self.size(worker, DEVICE)
+        shared = sum(1 for own in set(device.own_of.values()) if self._masks[DEVICE][own] != w.bit)
+        return {
+            "device_blocks": device_blocks,
+            "offloaded_blocks": self.size(worker, OFFLOADED),
+            "engine_hashes": len(device.own_of) + len(offloaded.own_of),
+            "extra_copies": sum(device.copies.values()) + sum(offloaded.copies.values()),
+            "aliased_hashes": device.aliased + offloaded.aliased,
+            "shared_with_other_workers": shared,
+            "cache_groups": {str(group): main for group, main in w.groups.items()},
+        }
+
     def holders(self, router_hash: int, tier: int = DEVICE) -> set[WorkerKey]:
         """Workers holding one block (for tests and debugging)."""
         result: dict[WorkerKey, int] = {}

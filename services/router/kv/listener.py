@@ -17,21 +17,35 @@ Telling engines apart (`register`): each instance's topic comes from a pattern (
 matched by the TCP peer address of its publisher instead (the instance whose URL host that is,
 when exactly one instance has it), else counted (`unknown_topic`) and reported once per topic
 that stays unknown past a grace period (engines publish before fleet has probed them).
-Two instances with the same topic are reported and neither gets the topic's messages.
+Instances with the same topic (the engines' default is "") are told apart by the publisher's
+host when exactly one of them is on it; otherwise the topic is reported and none of them gets
+its messages.
 Replay goes to each engine's own replay ROUTER, which engines always bind.
+
+A publisher that connects drops whatever it publishes before its connection is made and our
+subscription has reached it: an engine that starts (or restarts) and publishes one burst would
+never be heard. So every connection made to a rank's socket is a catch-up for the streams of
+the publisher's host (all of the rank's streams when the host names none), each from its last
+applied sequence (`KvStream.reconnected`): the socket monitor reports the accepted peer in
+bind mode; in connect mode the kv-proxy forwards a notice (`PROXY_NOTICE_TOPIC`, payload the
+peer's host) when an engine connects to it, and the proxy's own (re)connection catches up
+every stream.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import string
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from switchyard.common.ports import PortRange, zmq_bind
 from switchyard.router.kv.stream import KvStream
@@ -43,6 +57,20 @@ log = logging.getLogger(__name__)
 TOPIC_FIELDS = ("host", "port", "model", "instance_id", "url")
 DEFAULT_TOPIC_PATTERN = "kv@{host}@{model}"
 _REPORTED_TOPICS = 256  # unknown topics remembered (reported once each)
+# What `switchyard kv-proxy` forwards when an engine connects to it (payload: the peer host).
+PROXY_NOTICE_TOPIC = b"\x00switchyard/kv-proxy/connected"
+_MONITORED = zmq.EVENT_ACCEPTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+
+
+def peer_host(fd: int) -> str | None:
+    """The remote address of an accepted TCP connection's descriptor (None: not TCP, or
+    gone already)."""
+    try:
+        with socket.socket(fileno=socket.dup(fd)) as conn:
+            peer = conn.getpeername()
+    except OSError:
+        return None
+    return peer[0] if isinstance(peer, tuple) else None
 
 
 def check_topic_pattern(pattern: str) -> str:
@@ -127,9 +155,14 @@ class TopicListener:
             self._sockets.append(sock)
             self.endpoints.append(where)
             log.info("kv events %s SUB rank=%d at %s", self.mode, rank, where)
+            loop = asyncio.get_running_loop()
+            monitor = cast(zmq.asyncio.Socket, sock.get_monitor_socket(_MONITORED))
             self._tasks.append(
-                asyncio.get_running_loop().create_task(
-                    self._receive(sock, rank), name=f"kv-listener:{rank}"
+                loop.create_task(self._receive(sock, rank), name=f"kv-listener:{rank}")
+            )
+            self._tasks.append(
+                loop.create_task(
+                    self._watch(sock, monitor, rank), name=f"kv-listener-monitor:{rank}"
                 )
             )
 
@@ -159,7 +192,7 @@ class TopicListener:
         route = self._by_topic[entry.topic]
         if len(route.entries) > 1:
             log.warning(
-                "kv events: topic %r names instances %s: neither gets its events "
+                "kv events: topic %r names instances %s: told apart by host only "
                 "(use a --kv-topic-pattern with {port} or {instance_id})",
                 topic,
                 ", ".join(str(e.instance_id) for e in route.entries),
@@ -179,6 +212,43 @@ class TopicListener:
                 if not route.entries:
                     del table[key]  # type: ignore[arg-type]
 
+    # ---- connections --------------------------------------------------------------------
+
+    async def _watch(
+        self, sock: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket, rank: int
+    ) -> None:
+        """A connection made to this rank's socket: the publisher's streams catch up."""
+        peers: list[str | None] = []  # accepted, handshake not yet reported
+        try:
+            while True:
+                event = parse_monitor_message(await monitor.recv_multipart())
+                kind = event["event"]
+                if kind == zmq.EVENT_ACCEPTED:
+                    peers.append(peer_host(int(event["value"])))
+                elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    hosts, peers = (peers or [None]), []
+                    for host in hosts:
+                        self.publisher_connected(rank, host)
+        finally:
+            sock.disable_monitor()
+            monitor.close(linger=0)
+
+    def publisher_connected(self, rank: int, host: str | None) -> None:
+        """Catch up the rank's streams of the instances on `host` (every one when no
+        instance is on it, or for None)."""
+        entries = [e for e in self._entries.values() if rank < len(e.streams)]
+        if host is not None:
+            on_host = [e for e in entries if e.host == host]
+            entries = on_host or entries
+        log.info(
+            "kv events: a publisher connected to rank %d (from %s): catching up %d stream(s)",
+            rank,
+            host or "the proxy",
+            len(entries),
+        )
+        for entry in entries:
+            entry.streams[rank].reconnected()
+
     # ---- messages -----------------------------------------------------------------------
 
     async def _receive(self, sock: zmq.asyncio.Socket, rank: int) -> None:
@@ -193,13 +263,22 @@ class TopicListener:
     def deliver(self, frames: list[zmq.Frame], rank: int) -> None:
         """One message [topic, seq, payload] that came in on `rank`'s socket."""
         topic = frames[0].bytes
+        if topic == PROXY_NOTICE_TOPIC:
+            notice = frames[-1].bytes.decode("utf-8", "replace")
+            self.publisher_connected(rank, notice or None)
+            return
         route = self._by_topic.get(topic)
         entry = route.entries[0] if route is not None and len(route.entries) == 1 else None
-        if entry is None and route is None:
+        if entry is None:  # no instance has the topic, or several (the engines' default "")
             host = str(frames[0].get("Peer-Address")) if self.mode == "bind" else None
             by_host = self._by_host.get(host) if host else None
-            if by_host is not None and len(by_host.entries) == 1:
-                entry = by_host.entries[0]
+            candidates = (
+                [e for e in by_host.entries if e in route.entries]
+                if by_host is not None and route is not None
+                else (by_host.entries if by_host is not None else [])
+            )
+            if len(candidates) == 1:
+                entry = candidates[0]
             else:
                 self._unknown(topic, host)
                 return

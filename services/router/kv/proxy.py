@@ -14,6 +14,11 @@ late join or a gap and fills it from the engine's own replay ROUTER (engines bin
 whatever their publisher does), exactly as in connect mode; a replica that restarts replays
 the engine's buffer. The proxy keeps no state: restarting it is a gap for every stream.
 
+A connecting engine's first batches are dropped until its connection is made and the
+subscription reached it, so when an engine connects to a frontend the proxy forwards a notice
+to every router (topic `PROXY_NOTICE_TOPIC`, sequence 0, payload the engine's host, learned
+from the socket monitor): each router's streams of that host catch up from their replay.
+
     switchyard kv-proxy --frontend tcp://*:5557 --backend tcp://*:5567 [--ranks 2]
 
 A port 0 binds a free port (searched in --port-range) for rank 0, rank r then binds that
@@ -34,6 +39,7 @@ from switchyard.common.argtypes import whole_number
 from switchyard.common.endpoints import zmq_endpoint
 from switchyard.common.logs import add_logging_arguments, setup_logging
 from switchyard.common.ports import PortRange, add_port_arguments, write_ready_file, zmq_bind
+from switchyard.router.kv.listener import PROXY_NOTICE_TOPIC, peer_host
 from switchyard.router.kv.subscriber import rank_endpoint
 
 log = logging.getLogger(__name__)
@@ -55,6 +61,7 @@ class KvEventProxy:
         self._ports = ports  # where a port 0 is searched
         self._context = zmq.Context()
         self._threads: list[threading.Thread] = []
+        self._noticers: list[threading.Thread] = []
         self._controls: list[zmq.Socket[bytes]] = []
         self.frontends: list[str] = []  # bound endpoints (ports resolved)
         self.backends: list[str] = []
@@ -79,6 +86,26 @@ class KvEventProxy:
                 self.frontend, self.backend = front, back
             self.frontends.append(front)
             self.backends.append(back)
+            notices = f"inproc://kv-proxy-notices-{id(self)}-{rank}"
+            xsub.bind(notices)
+            monitor = xsub.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+            stop_address = f"inproc://kv-proxy-notice-stop-{id(self)}-{rank}"
+            stop = ctx.socket(zmq.PAIR)
+            stop.bind(stop_address)
+            stop_peer = ctx.socket(zmq.PAIR)
+            stop_peer.connect(stop_address)
+            notice_pub = ctx.socket(zmq.PUB)
+            notice_pub.setsockopt(zmq.LINGER, 0)
+            notice_pub.connect(notices)
+            self._controls.append(stop)
+            noticer = threading.Thread(
+                target=_notify,
+                args=(monitor, notice_pub, stop_peer),
+                name=f"kv-proxy-notices-{rank}",
+                daemon=True,
+            )
+            noticer.start()
+            self._noticers.append(noticer)
             control_address = f"inproc://kv-proxy-control-{id(self)}-{rank}"
             control = ctx.socket(zmq.PAIR)
             control.bind(control_address)
@@ -100,12 +127,13 @@ class KvEventProxy:
     def stop(self) -> None:
         for control in self._controls:
             control.send(b"TERMINATE")
-        for thread in self._threads:
+        for thread in self._threads + self._noticers:
             thread.join(timeout=5)
         for control in self._controls:
             control.close(linger=0)
         self._controls.clear()
         self._threads.clear()
+        self._noticers.clear()
         self._context.term()
 
 
@@ -116,6 +144,32 @@ def _forward(xsub: zmq.Socket[bytes], xpub: zmq.Socket[bytes], control: zmq.Sock
         pass
     finally:
         for sock in (xsub, xpub, control):
+            sock.close(linger=0)
+
+
+def _notify(monitor: zmq.Socket[bytes], pub: zmq.Socket[bytes], stop: zmq.Socket[bytes]) -> None:
+    """Forward a notice naming the host of each engine that connects to the frontend."""
+    from zmq.utils.monitor import parse_monitor_message
+
+    poller = zmq.Poller()
+    poller.register(monitor, zmq.POLLIN)
+    poller.register(stop, zmq.POLLIN)
+    peers: list[str | None] = []
+    try:
+        while True:
+            ready = dict(poller.poll())
+            if stop in ready:
+                return
+            event = parse_monitor_message(monitor.recv_multipart())
+            if event["event"] == zmq.EVENT_ACCEPTED:
+                peers.append(peer_host(int(event["value"])))
+            elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                for host in peers or [None]:
+                    log.info("kv proxy: a publisher connected from %s", host or "an unknown host")
+                    pub.send_multipart([PROXY_NOTICE_TOPIC, bytes(8), (host or "").encode()])
+                peers = []
+    finally:
+        for sock in (monitor, pub, stop):
             sock.close(linger=0)
 
 

@@ -1,10 +1,17 @@
 """Connect mode: a SUB connected to one engine rank's bound PUB socket, feeding its KvStream.
 
 An engine binds its publisher when the endpoint names a wildcard host (`tcp://*:5557`); data-
-parallel rank r binds base port + r, its replay ROUTER likewise (`rank_endpoint`). The SUB is
-connected before the stream's catch-up replay starts: a batch published between the replay's
-snapshot and a late subscription would be lost, and an engine that then stays idle would
-never reveal the gap.
+parallel rank r binds base port + r, its replay ROUTER likewise (`rank_endpoint`).
+
+Every time the SUB's connection is made (the first time, and again after the engine restarted
+or bound late) the socket monitor reports it and the stream catches up from its last applied
+sequence (`KvStream.reconnected`): what the engine published before the subscription reached
+it was dropped by its PUB socket, and an engine that then stays idle would never reveal the
+gap. The catch-up starts after the connection is made, so a batch published between the
+replay's snapshot and the subscription cannot be lost either. The reconnect interval backs
+off from 100 ms to `RECONNECT_MAX_MS` for an endpoint nobody binds (an engine that is down,
+or whose publisher connects elsewhere): each retry is a connect() in ZMQ's I/O thread, no
+Python wake-up, and a publisher that binds late is connected to within that interval.
 
 Messages are read by a `LoopSocket` (the socket's FD watched by the event loop, every ready
 message fed to the stream from the read callback) rather than one awaited recv per message:
@@ -14,12 +21,12 @@ cost at low load.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import cast
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from switchyard.common.messaging import LoopSocket
 from switchyard.router.kv.decode import split_frames
@@ -28,6 +35,9 @@ from switchyard.router.kv.stream import KvStream
 from switchyard.router.kv.types import KvCounters
 
 log = logging.getLogger(__name__)
+
+RECONNECT_MAX_MS = 500  # the backoff's ceiling: a late bind is indexed within about this
+_MONITORED = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 
 _WILDCARD_HOSTS = ("*", "0.0.0.0", "[::]", "::", "")
 
@@ -70,14 +80,14 @@ class ZmqKvSource:
         context: zmq.asyncio.Context,
         *,
         endpoint: str,
-        handshake_timeout: float = 2.0,
+        reconnect_max_ms: int = RECONNECT_MAX_MS,
     ) -> None:
         """`endpoint` must be connectable (see resolve_endpoint)."""
         self.stream = stream
         self.endpoint = endpoint
         self._counters = counters
         self._context = context
-        self._handshake_timeout = handshake_timeout
+        self._reconnect_max_ms = reconnect_max_ms
 
     async def run(self) -> None:
         stream = self.stream
@@ -85,38 +95,38 @@ class ZmqKvSource:
         # awaitable).
         sub: zmq.Socket[bytes] = zmq.Socket(self._context, zmq.SUB)
         io: LoopSocket | None = None
+        monitor: zmq.asyncio.Socket | None = None
         try:
             sub.setsockopt(zmq.LINGER, 0)
             sub.setsockopt(zmq.RCVHWM, 0)  # never drop: a drop is a gap and costs a replay
-            # An endpoint nobody binds (an engine whose publisher connects elsewhere) is
-            # retried with a backoff, not every 100 ms.
-            sub.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
+            sub.setsockopt(zmq.RECONNECT_IVL_MAX, self._reconnect_max_ms)
             sub.setsockopt(zmq.SUBSCRIBE, b"")
             # A socket of the context's kind: an asyncio one.
-            monitor = cast(
-                zmq.asyncio.Socket, sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
-            )
+            monitor = cast(zmq.asyncio.Socket, sub.get_monitor_socket(_MONITORED))
             sub.connect(self.endpoint)
-            # poll, not asyncio.wait_for: on Python 3.11 wait_for can swallow a cancellation
-            # that races its inner future, and the source would then never stop.
-            try:
-                if not await monitor.poll(int(self._handshake_timeout * 1000)):
-                    log.info(
-                        "kv events worker=%s: %s not reachable yet", stream.name, self.endpoint
-                    )
-            finally:
-                sub.disable_monitor()
-                monitor.close(linger=0)
             log.info(
-                "kv events subscribed worker=%s endpoint=%s replay=%s",
+                "kv events subscribing worker=%s endpoint=%s replay=%s",
                 stream.name,
                 self.endpoint,
                 stream.replay_endpoint,
             )
-            stream.start()  # the SUB is connected: replay the buffer now
             io = LoopSocket(sub, self._on_message, multipart=True)
-            await asyncio.get_running_loop().create_future()  # until cancelled
+            while True:  # until cancelled
+                event = parse_monitor_message(await monitor.recv_multipart())["event"]
+                if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    log.info(
+                        "kv events connected worker=%s endpoint=%s", stream.name, self.endpoint
+                    )
+                    stream.reconnected()
+                elif event == zmq.EVENT_DISCONNECTED:
+                    log.info(
+                        "kv events disconnected worker=%s endpoint=%s", stream.name, self.endpoint
+                    )
+                    stream.disconnected()
         finally:
+            if monitor is not None:
+                sub.disable_monitor()
+                monitor.close(linger=0)
             if io is not None:
                 io.close()
             else:

@@ -127,5 +127,44 @@ class KvCounters:
     unknown_topic: int = 0  # messages on the bound SUB whose topic names no known worker
     stream_restarts: int = 0  # gRPC event streams resubscribed (DATA_LOSS, end, failure)
 
+    reconnects: int = 0  # a source's transport (re)connected: a catch-up from the last seq
+    publisher_restarts: int = 0  # a catch-up found the publisher restarted: worker rebuilt
+    pre_admission_stores: int = 0  # BlockStored published before fleet admitted the engine
+    stale_suspicions: int = 0  # workers whose events stopped while requests ran there
+
     def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(slots=True)
+class WorkerKvStats:
+    """One worker's event stream as the router sees it: what staleness views read. Times
+    are the router's monotonic clock (`heard_at`, `connected_at`) except `batch_ts`, the
+    engine's wall clock stamped on the last batch applied."""
+
+    last_seq: int | None = None  # sequence of the last batch applied
+    heard_at: float | None = None  # when the last live message or replayed batch arrived
+    batch_ts: float | None = None  # the engine's timestamp on the last batch applied
+    lag_s: float = 0.0  # apply time - engine timestamp of the last batch (clock skew included)
+    held_since: float | None = None  # a message waits for a replay since then (None: none)
+    connected: bool = False  # the transport is connected (a SUB's handshake succeeded)
+    reconnects: int = 0
+    gaps: int = 0
+    replays: int = 0
+    resets: int = 0  # the publisher restarted (a sequence back, or found at a catch-up)
+    replay_failures: int = 0
+    batches: int = 0  # batches applied, live or replayed
+    routed_at: float | None = None  # the first request routed here since the last event
+    suspected_stale: bool = False  # events stopped while requests run here (KvIngestor)
+
+    def event_age(self, now: float) -> float | None:
+        """Seconds since anything arrived (None: nothing yet)."""
+        return None if self.heard_at is None else max(0.0, now - self.heard_at)
+
+    def index_lag(self, now: float) -> float:
+        """How far behind the engine the index probably is: while a message waits for a
+        replay, since when it waits; otherwise the last batch's publish-to-apply delay."""
+        return max(0.0, now - self.held_since) if self.held_since is not None else self.lag_s
+
+    def as_dict(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

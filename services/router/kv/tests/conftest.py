@@ -21,8 +21,10 @@ async def zctx():
 async def make_publisher(zctx):
     made: list[FakePublisher] = []
 
-    def make(topic: bytes = b"", connect_to: str | None = None) -> FakePublisher:
-        publisher = FakePublisher(zctx, topic, connect_to)
+    def make(
+        topic: bytes = b"", connect_to: str | None = None, ports: tuple[int, int] | None = None
+    ) -> FakePublisher:
+        publisher = FakePublisher(zctx, topic, connect_to, ports)
         made.append(publisher)
         return publisher
 

@@ -4,6 +4,7 @@ import contextlib
 import pytest
 
 from switchyard.common.block_hash import block_hashes
+from switchyard.common.ports import free_port
 from switchyard.router.kv.index import KvIndex
 from switchyard.router.kv.stream import KvStream
 from switchyard.router.kv.subscriber import ZmqKvSource, rank_endpoint, resolve_endpoint
@@ -205,6 +206,119 @@ class TestLateJoin:
         h = await follow(pub)
         await h.applied(3)
         assert h.index.overlaps(OWN) == {WORKER: 8}
+
+
+@pytest.fixture
+async def waiting(zctx):
+    """A ZmqKvSource subscribed to free ports nobody binds yet (the publisher comes later)."""
+    started: list[tuple[asyncio.Task, KvStream]] = []
+
+    async def start() -> tuple[Harness, tuple[int, int]]:
+        ports = (free_port(), free_port())
+        index = KvIndex()
+        stream = KvStream(
+            WORKER,
+            index,
+            index.counters,
+            zctx,
+            replay_endpoint=f"tcp://127.0.0.1:{ports[1]}",
+        )
+        endpoint = f"tcp://127.0.0.1:{ports[0]}"
+        task = asyncio.create_task(
+            ZmqKvSource(stream, index.counters, zctx, endpoint=endpoint).run()
+        )
+        started.append((task, stream))
+        return Harness(index, stream, task), ports
+
+    yield start
+    for task, stream in started:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await stream.close()
+
+
+class TestReconnect:
+    """Issue 32: the connection to a publisher is made again (it bound late, or restarted);
+    what it published before the subscription reached it is caught up from its replay."""
+
+    async def test_late_bind_burst_is_indexed(self, waiting, make_publisher):
+        """Regression: a publisher that bound after the router subscribed and published one
+        burst was never indexed (the catch-up had given up after 2 s of silence)."""
+        h, ports = await waiting()
+        await asyncio.sleep(0.6)  # the SUB retries meanwhile, backing off
+        pub = make_publisher(ports=ports)
+        for event in chain_events(PROMPT, BS, 100):
+            await pub.publish([event])  # dropped by the PUB unless the SUB got there first
+        await until(lambda: h.index.overlaps(OWN) == {WORKER: 8}, "the burst indexed")
+        assert h.stream.stats.connected and h.stream.stats.last_seq == 3
+
+    async def test_restart_with_fewer_batches_rebuilds(self, waiting, make_publisher):
+        h, ports = await waiting()
+        pub = make_publisher(ports=ports)
+        await pub.wait_subscribed()
+        for event in chain_events(PROMPT, BS, 100):
+            await pub.publish([event])
+        await h.applied(3)
+        await pub.close()
+        pub = make_publisher(ports=ports)  # restarted: numbering from 0 again
+        await pub.publish([cleared_array()] + chain_events(OTHER, BS, 900, per=4))
+        await until(lambda: h.index.overlaps(OTHER_OWN) == {WORKER: 4}, "the new life indexed")
+        assert h.index.overlaps(OWN) == {}
+        assert h.index.counters.publisher_restarts == 1
+        assert h.stream.stats.resets == 1
+
+    async def test_restart_with_more_batches_told_by_payload(self, waiting, make_publisher):
+        """The restarted publisher holds a batch at the last applied sequence too: its
+        payload differs from the one applied, so it is a restart, not a resumption."""
+        h, ports = await waiting()
+        pub = make_publisher(ports=ports)
+        await pub.wait_subscribed()
+        await pub.publish(chain_events(PROMPT, BS, 100, per=8))
+        await h.applied(0)
+        await pub.close()
+        pub = make_publisher(ports=ports)
+        events = chain_events(OTHER, BS, 900, per=1)
+        for event in events[:2]:
+            await pub.publish([event], send=False)  # published before the restart's reconnect
+        await h.stream.caught_up.wait()
+        await until(lambda: len(pub.replay_requests) == 2, "the catch-up after the restart")
+        assert pub.replay_requests == [0, 0]  # from the last applied seq, then from 0
+        for event in events[2:]:
+            await pub.publish([event])
+        await until(lambda: h.index.overlaps(OTHER_OWN) == {WORKER: 4}, "rebuilt")
+        assert h.index.overlaps(OWN) == {}
+
+    async def test_same_publisher_resumes_from_the_last_sequence(self, waiting, make_publisher):
+        h, ports = await waiting()
+        pub = make_publisher(ports=ports)
+        await pub.wait_subscribed()
+        events = chain_events(PROMPT, BS, 100)
+        await pub.publish([events[0]])
+        await h.applied(0)
+        await pub.publish([events[1]], send=False)
+        h.stream.reconnected()  # as the monitor reports a connection made again
+        await h.applied(1)
+        assert pub.replay_requests[-1] == 0  # from the last applied sequence: 0
+        assert h.index.counters.publisher_restarts == 0
+        assert h.index.overlaps(OWN) == {WORKER: 4}
+
+
+class TestAdmission:
+    async def test_stores_stamped_before_admission_are_not_claimed(self, zctx):
+        """Issue 32: real vLLM warms up, resets its prefix cache, and publishes that
+        AllBlocksCleared only at its next step: the warm-up's stores, stamped before fleet
+        admitted the engine, must not be claimed meanwhile."""
+        index = KvIndex()
+        stream = KvStream(WORKER, index, index.counters, zctx, not_before=100.0)
+        stream.start()
+        stream.feed(0, payload(chain_events(PROMPT, BS, 100, per=8), ts=99.0))  # warm-up
+        assert index.overlaps(OWN) == {}
+        assert index.counters.pre_admission_stores == 1
+        stream.feed(1, payload(chain_events(OTHER, BS, 900, per=4), ts=101.0))
+        assert index.overlaps(OTHER_OWN) == {WORKER: 4}
+        assert stream.stats.last_seq == 1 and stream.stats.batch_ts == 101.0
+        await stream.close()
 
 
 class TestBadMessages:

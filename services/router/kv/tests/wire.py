@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -103,6 +104,20 @@ def chain_events(
 # ---- fake engine publisher -----------------------------------------------------------------
 
 
+def _bind(sock: zmq.Socket[Any], endpoint: str, tries: int = 50) -> None:
+    """Bind, retrying while the port is still held by a socket just closed (ZMQ closes in
+    its I/O thread, after close() returned); the socket is closed if it never binds."""
+    for attempt in range(tries):
+        try:
+            sock.bind(endpoint)
+            return
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EADDRINUSE or attempt == tries - 1:
+                sock.close(linger=0)
+                raise
+            time.sleep(0.02)
+
+
 class FakePublisher:
     """An engine's KV-event sockets: an XPUB (a PUB to its subscribers; XPUB lets the test
     wait for the subscription instead of sleeping) and a replay ROUTER serving its buffer.
@@ -111,25 +126,31 @@ class FakePublisher:
     the subscriber misses). `restart()` empties the buffer and restarts numbering at 0.
     `four_frames` answers replays as [b"", topic, seq, payload] (newer vLLM).
     `replay_silent` never answers replays (timeout tests). `connect_to` connects the PUB to a
-    bound SUB (an engine whose endpoint names a host) instead of binding it."""
+    bound SUB (an engine whose endpoint names a host) instead of binding it. `ports` (PUB,
+    replay) binds given ports: a publisher that comes (back) where a subscriber waits."""
 
     def __init__(
-        self, ctx: zmq.asyncio.Context, topic: bytes = b"", connect_to: str | None = None
+        self,
+        ctx: zmq.asyncio.Context,
+        topic: bytes = b"",
+        connect_to: str | None = None,
+        ports: tuple[int, int] | None = None,
     ) -> None:
         self.topic = topic
-        self.pub_port, self.replay_port = free_port(), free_port()
+        chosen: tuple[int, int] = ports or (free_port(), free_port())
+        self.pub_port, self.replay_port = chosen
         self.endpoint = f"tcp://127.0.0.1:{self.pub_port}"
         self.replay_endpoint = f"tcp://127.0.0.1:{self.replay_port}"
         self.pub = ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         if connect_to is None:
-            self.pub.bind(f"tcp://127.0.0.1:{self.pub_port}")
+            _bind(self.pub, f"tcp://127.0.0.1:{self.pub_port}")
         else:
             self.endpoint = connect_to
             self.pub.connect(connect_to)
         self.router = ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
-        self.router.bind(self.replay_endpoint)
+        _bind(self.router, self.replay_endpoint)
         self.buffer: list[tuple[int, bytes]] = []
         self.next_seq = 0
         self.four_frames = False
