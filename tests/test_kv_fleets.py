@@ -122,6 +122,71 @@ def test_engines_that_connect_their_publisher_to_the_router(tmp_path):
         assert "name no known worker" not in procs.log("router")
 
 
+def test_engines_that_connect_learned_from_their_report():
+    """Issue 32: no --kv-events-bind, no worker options. Two SGLang engines point their
+    publisher at a port of the router's host with topics of their own; fleet reads that from
+    their kv_events_config (a named host: by SGLang's rule the publisher connects), the
+    router binds that port for them and tells them apart by the topics they report.
+    /debug/kv and the dry run's rows show each worker's event stream."""
+    from switchyard.common.ports import free_port
+
+    listen = f"tcp://127.0.0.1:{free_port()}"
+    with Processes() as procs:
+        engines = []
+        for n in range(2):
+            argv = [
+                "mock-engine", "--protocol", "sglang", "--port", "0",
+                "--kv-events-endpoint", listen, "--kv-events-topic", f"engine-{n}",
+                "--kv-replay-endpoint", "tcp://127.0.0.1:0", "--speedup", "4",
+            ]  # fmt: skip
+            engines.append(procs.start_ready(f"engine-{n}", *argv))
+        workers = [f"grpc://127.0.0.1:{e.result()['port']}" for e in engines]
+        fleet = procs.serve(
+            "fleet", "fleet", *[f"--worker={w}" for w in workers], "--control", LOCAL,
+            "--events", LOCAL, "--probe-interval", "0.5",
+        )  # fmt: skip
+        fleet_flags = ["--fleet-control", fleet["control"], "--fleet-events", fleet["events"]]
+        router = procs.serve("router", "router", "--bind", LOCAL, *fleet_flags)
+        dispatcher = procs.serve("dispatcher", "dispatcher", "--bind", LOCAL, *fleet_flags)
+        http = procs.serve(
+            "preprocessor", "preprocessor", "--port", "0", "--router", router["bind"],
+            "--dispatcher", dispatcher["bind"], *fleet_flags,
+        )["port"]  # fmt: skip
+        base = f"http://127.0.0.1:{http}"
+        wait_until(lambda: _status(base + "/ready") == 200, timeout=90, what="the stack")
+        with openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0) as client:
+            wait_until(
+                lambda: len((debug_route(base, chat_body("?")) or {}).get("workers", [])) == 2,
+                timeout=60,
+                what="both engines routable",
+            )
+            client.chat.completions.create(**chat_body("Which track for siding 70?"))
+            probe = chat_body("Which track for siding 91?")
+            route = wait_until(
+                lambda: (
+                    (r := debug_route(base, probe))
+                    and (chosen_row(r) or {}).get("overlap_blocks", 0) > 0
+                    and r
+                ),
+                timeout=60,
+                what="the prefix indexed from a publisher that connects, no flags given",
+            )
+            row = chosen_row(route)
+            assert row["kv_blocks"] > 0 and row["kv_last_seq"] >= 1 and row["kv_connected"]
+            assert 0 <= row["kv_event_age_ms"] and not row["kv_suspected_stale"]
+            reply = client.chat.completions.create(**probe)
+            assert reply.usage.prompt_tokens_details.cached_tokens > 0
+        every = httpx.get(base + "/debug/kv", timeout=10).json()
+        assert len(every["workers"]) == 2
+        one = httpx.get(base + "/debug/kv", params={"worker": row["url"]}, timeout=10).json()
+        assert one["events"]["router_listens"] == [listen]
+        assert one["events"]["topic"] in ("engine-0", "engine-1")
+        assert one["index"]["device_blocks"] == row["kv_blocks"] or one["index"]["device_blocks"]
+        missing = httpx.get(base + "/debug/kv", params={"worker": "grpc://nowhere:1"}, timeout=10)
+        assert missing.status_code == 404
+        assert "name no known worker" not in procs.log("router")
+
+
 def test_a_prefix_on_rank_1_is_routed_to_rank_1():
     """A data-parallel engine (2 ranks, one cache each): follow-ups go to the rank holding
     their prefix, pinned with data_parallel_rank, and the engine serves them from cache."""

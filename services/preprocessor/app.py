@@ -27,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from switchyard.common.fleet_admin import FleetAdminError
+from switchyard.preprocessor import request_ids
 from switchyard.preprocessor.errors import (
     INVALID_JSON,
     INVALID_REQUEST,
@@ -41,7 +42,12 @@ from switchyard.preprocessor.errors import (
 from switchyard.preprocessor.stages.context import CHAT, COMPLETIONS, SESSION_HEADER
 from switchyard.preprocessor.stages.endpoints import new_request, prompt_stages, run_stages
 from switchyard.preprocessor.state import PreprocessorState
-from switchyard.protos.messages import RouteRequest, WorkerAdminReply, WorkerAdminRequest
+from switchyard.protos.messages import (
+    KvDebugRequest,
+    RouteRequest,
+    WorkerAdminReply,
+    WorkerAdminRequest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +120,12 @@ def create_app(state: PreprocessorState) -> FastAPI:
     async def debug_route(request: Request) -> Response:
         session = request.headers.get(SESSION_HEADER)
         return await _debug_route(state, await request.body(), session)
+
+    @app.get("/debug/kv")
+    async def debug_kv(request: Request) -> Response:
+        return await _debug_kv(
+            state, request.query_params.get("worker"), request.query_params.get("dp_rank", "0")
+        )
 
     @app.get("/admin/workers")
     async def list_workers() -> Response:
@@ -227,6 +239,38 @@ async def _debug_route(
             }
         )
     )
+
+
+async def _debug_kv(state: PreprocessorState, worker: str | None, rank: str) -> Response:
+    """The router's view of the engines' KV caches: every worker's event stream, or (with
+    `worker`, a URL or instance id) one worker's index summary. Asked of one router."""
+    instance_id: int | None = None
+    if worker is not None:
+        found = [
+            i.instance_id
+            for i in state.fleet.instances.values()
+            if i.url == worker or str(i.instance_id) == worker
+        ]
+        if not found:
+            body = error_body(f"No worker {worker!r} is routable.", NOT_FOUND, "worker_not_found")
+            return _json(body, 404)
+        instance_id = found[0]
+    if not rank.isdigit():
+        message = f"dp_rank must be a whole number, got {rank!r}"
+        return _json(error_body(message, INVALID_REQUEST, "invalid_value"), 400)
+    request = KvDebugRequest(
+        request_id=request_ids.mint("kv-debug-"), instance_id=instance_id, dp_rank=int(rank)
+    )
+    reply = await state.router.kv_debug(request, state.config.route_timeout)
+    if reply is None:
+        body = error_body("No router answered.", SERVICE_UNAVAILABLE, "router_unavailable")
+        return _json(body, 503)
+    if not reply.found:
+        body = error_body(
+            f"The router has no KV view of {worker!r}.", NOT_FOUND, "worker_not_found"
+        )
+        return _json(body, 404)
+    return _json(orjson.dumps(reply.body))
 
 
 def _instance_ref(state: PreprocessorState, instance_id: int | None) -> dict | None:

@@ -31,6 +31,8 @@ from switchyard.protos.messages import (
     ROLE_PREFILL,
     Instance,
     InstanceBusy,
+    KvDebugReply,
+    KvDebugRequest,
     RouteProgress,
     RouteRequest,
     RouteResponse,
@@ -179,6 +181,17 @@ class RouterClient:
         if self._on_fallback is not None:
             self._on_fallback()
         return self.fallback.route(request)
+
+    async def kv_debug(self, request: KvDebugRequest, timeout: float) -> KvDebugReply | None:
+        """One router's KV view (GET /debug/kv); None when no router answers."""
+        for router in self._connected():
+            try:
+                reply = await router.call(request.request_id, request, timeout)
+            except (TimeoutError, ConnectionError):
+                continue
+            if isinstance(reply, KvDebugReply):
+                return reply
+        return None
 
     async def progress(self, request_id: str, instance_id: int, stage: str, final: bool) -> None:
         """Tell the router that routed the request; a notice to a router that died is lost

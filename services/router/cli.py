@@ -126,6 +126,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="warn about an engine routed to for this long whose KV events never arrived "
         "(default %(default)s s)",
     )
+    kv.add_argument(
+        "--kv-stale-after",
+        type=seconds,
+        default=30.0,
+        help="suspect a worker's KV index stale (a WARNING, switchyard_router_kv_suspected_"
+        "stale) when no KV event came this long after a request was routed there while "
+        "requests still run there (0: never; default %(default)s s)",
+    )
     parser.add_argument(
         "--load-poll-interval",
         type=seconds,
@@ -200,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
             listener=listener,
             load_poll_interval=args.load_poll_interval,
             silence_after=args.kv_silence_warning,
+            stale_after=args.kv_stale_after,
             tls=tls,
         )
 

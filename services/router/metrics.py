@@ -8,6 +8,7 @@ bounded by the configuration)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -19,11 +20,15 @@ from switchyard.common.metrics import service_registry
 from switchyard.protos.messages import Instance
 from switchyard.router.framework import PluginStats
 from switchyard.router.kv.index import KvIndex
+from switchyard.router.kv.types import WorkerKey, WorkerKvStats
 from switchyard.router.load import InFlightTracker
 
 _LATENCY_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2)
 _RATIO_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+KvWorkers = Callable[[], list[tuple[WorkerKey, WorkerKvStats]]]
 
 
 class _Collector(Collector):
@@ -34,12 +39,16 @@ class _Collector(Collector):
         silent: Callable[[], int] | None,
         instances: Callable[[], Mapping[int, Instance]],
         tracker: InFlightTracker | None,
+        kv_workers: KvWorkers | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.index = index
         self.stats = stats
         self.silent = silent
         self.instances = instances
         self.tracker = tracker
+        self.kv_workers = kv_workers
+        self.clock = clock
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         c = self.index.counters
@@ -55,6 +64,10 @@ class _Collector(Collector):
             ("duplicate_stores", "second physical copies of a block (vLLM repeats)"),
             ("skipped_group", "events of sliding-window / state-space cache groups"),
             ("replay_failures", "missed KV batches that could not be replayed"),
+            ("reconnects", "KV event transports (re)connected: each a catch-up replay"),
+            ("publisher_restarts", "catch-ups that found the publisher restarted"),
+            ("pre_admission_stores", "stores stamped before the engine's admission, not indexed"),
+            ("stale_suspicions", "workers whose KV events stopped while requests ran there"),
         ):
             yield CounterMetricFamily(f"switchyard_router_kv_{name}", doc, value=getattr(c, name))
         known = self.instances()
@@ -75,10 +88,74 @@ class _Collector(Collector):
                 "instances routed to whose KV events never arrived",
                 value=self.silent(),
             )
+        if self.kv_workers is not None:
+            yield from self._streams(known, self.kv_workers(), self.clock())
         if self.tracker is not None:
             yield from self._loads(known, self.tracker)
         if self.stats is not None:
             yield from self._plugins(self.stats)
+
+    @staticmethod
+    def _streams(
+        known: Mapping[int, Instance],
+        workers: list[tuple[WorkerKey, WorkerKvStats]],
+        now: float,
+    ) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        """Per worker: how fresh the index is (ZMQ-fed workers)."""
+        labels = ["instance_id", "dp_rank", "model", "worker"]
+        age = GaugeMetricFamily(
+            "switchyard_router_kv_last_event_age_seconds",
+            "seconds since the worker's last KV event (live or replayed); absent before one",
+            labels=labels,
+        )
+        seq = GaugeMetricFamily(
+            "switchyard_router_kv_last_seq", "sequence of the last KV batch applied", labels=labels
+        )
+        lag = GaugeMetricFamily(
+            "switchyard_router_kv_index_lag_seconds",
+            "the router's estimate of how far its index is behind the engine: how long a "
+            "batch has waited for a replay, else the last batch's publish-to-apply delay",
+            labels=labels,
+        )
+        connected = GaugeMetricFamily(
+            "switchyard_router_kv_connected",
+            "1 while the transport to the worker's publisher is connected",
+            labels=labels,
+        )
+        stale = GaugeMetricFamily(
+            "switchyard_router_kv_suspected_stale",
+            "1 while the worker's KV events have stopped although requests run there",
+            labels=labels,
+        )
+        counters = {
+            name: CounterMetricFamily(f"switchyard_router_kv_worker_{name}", doc, labels=labels)
+            for name, doc in (
+                ("gaps", "sequence gaps on the worker's KV event stream"),
+                ("replays", "replays asked of the worker's engine"),
+                ("resets", "restarts of the worker's publisher (index rebuilt)"),
+                ("reconnects", "(re)connections to the worker's publisher"),
+            )
+        }
+        for (instance_id, rank), stats in workers:
+            instance = known.get(instance_id)
+            values = [
+                str(instance_id),
+                str(rank),
+                instance.model if instance else "",
+                instance.url if instance else "",
+            ]
+            event_age = stats.event_age(now)
+            if event_age is not None:
+                age.add_metric(values, event_age)
+            if stats.last_seq is not None:
+                seq.add_metric(values, stats.last_seq)
+            lag.add_metric(values, stats.index_lag(now))
+            connected.add_metric(values, 1.0 if stats.connected else 0.0)
+            stale.add_metric(values, 1.0 if stats.suspected_stale else 0.0)
+            for name, family in counters.items():
+                family.add_metric(values, getattr(stats, name))
+        yield from (age, seq, lag, connected, stale)
+        yield from counters.values()
 
     @staticmethod
     def _loads(
@@ -136,6 +213,9 @@ class RouterMetrics:
         silent: Callable[[], int] | None = None,
         instances: Callable[[], Mapping[int, Instance]] | None = None,
         tracker: InFlightTracker | None = None,
+        *,
+        kv_workers: KvWorkers | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.registry = service_registry("router")
         self.decisions = Counter(
@@ -168,7 +248,9 @@ class RouterMetrics:
             buckets=_TTFT_BUCKETS,
             registry=self.registry,
         )
-        self.registry.register(_Collector(index, stats, silent, instances or dict, tracker))
+        self.registry.register(
+            _Collector(index, stats, silent, instances or dict, tracker, kv_workers, clock)
+        )
         # Labelled children by label values: `labels()` validates and locks on every call;
         # a child is kept by its metric for good anyway.
         self._children: dict[tuple[Counter, str, str], Any] = {}

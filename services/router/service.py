@@ -25,11 +25,14 @@ from switchyard.protos.messages import (
     InstanceAdded,
     InstanceBusy,
     InstanceEvent,
+    KvDebugReply,
+    KvDebugRequest,
     RouteProgress,
     RouteRequest,
     RouteResponse,
     RouterRequest,
 )
+from switchyard.router import kv_debug
 from switchyard.router.core import RouterCore
 from switchyard.router.kv.ingestor import KvIngestor, ListenerSpec
 from switchyard.router.load_poller import LoadPoller, poll_clients
@@ -64,10 +67,12 @@ class RouterService:
         listener: ListenerSpec | None = None,
         load_poll_interval: float = 0.5,
         silence_after: float = 30.0,
+        stale_after: float = 30.0,
         tls: EngineTls | None = None,
     ) -> None:
         self.core = core
         self.bind = bind
+        self.stale_after = stale_after  # 0: no staleness suspicions
         self.clock = clock
         self._ctx = zmq.asyncio.Context()
         # Only plugins that read the KV view need the engines' events; only those that read
@@ -103,8 +108,11 @@ class RouterService:
             (lambda: len(ingestor.silent)) if ingestor is not None else None,
             lambda: self.fleet.instances,
             core.tracker,
+            kv_workers=(lambda: ingestor.worker_stats()) if ingestor is not None else None,
+            clock=clock,
         )
         self._sock: LoopSocket | None = None
+        self._pending_debug: list[KvDebugRequest] = []
 
     @property
     def kv_listen_endpoint(self) -> str | None:
@@ -171,7 +179,19 @@ class RouterService:
             return
         while not stop.is_set():
             await asyncio.sleep(_SILENCE_CHECK_S)
-            self.ingestor.check_silence(self.clock())
+            now = self.clock()
+            self.ingestor.check_silence(now)
+            if self.stale_after > 0:
+                self.ingestor.check_stale(now, self._running_requests, self.stale_after)
+
+    def _running_requests(self, key: WorkerKey) -> int:
+        """Requests running on a worker: the engine's fresh report, else routed and not
+        finished (the router's own bookkeeping)."""
+        core = self.core
+        report = core.engine_loads.load(key)
+        if core.engine_loads.fresh(report, self.clock()):
+            return report.running
+        return core.tracker.load(key).in_flight
 
     def _on_load(self, key: WorkerKey, load: common_pb2.EngineLoad) -> None:
         self.core.engine_loads.update(key, load, self.clock())
@@ -205,6 +225,21 @@ class RouterService:
             if one is not None:
                 self._reply(identity, one.response)
                 self._account(one)
+        if self._pending_debug:
+            asked, self._pending_debug = self._pending_debug, []
+            for request in asked:
+                self._reply(identity, self._kv_debug(request))
+
+    def _kv_debug(self, request: KvDebugRequest) -> KvDebugReply:
+        body = kv_debug.describe(
+            request.instance_id,
+            request.dp_rank,
+            self.ingestor,
+            self.core.index,
+            self.fleet.instances,
+            self.clock(),
+        )
+        return KvDebugReply(request_id=request.request_id, found=body is not None, body=body or {})
 
     def _handle(self, message: RouterRequest) -> _Decided | None:
         core = self.core
@@ -212,7 +247,11 @@ class RouterService:
             started = time.perf_counter()
             now = self.clock()
             response = core.route(message, now).response
+            if message.dry_run and response.workers and self.ingestor is not None:
+                response = kv_debug.with_staleness(response, self.ingestor, core.index, now)
             return _Decided(message, response, now, time.perf_counter() - started)
+        if isinstance(message, KvDebugRequest):  # answered apart (a reply of its own)
+            self._pending_debug.append(message)
         if isinstance(message, RouteProgress):
             core.progress(message, self.clock())
         elif isinstance(message, InstanceBusy):
@@ -235,9 +274,11 @@ class RouterService:
         if reply.predicted_ttft_ms:
             metrics.predicted_ttft.observe(reply.predicted_ttft_ms / 1e3)
         if self.ingestor is not None:
-            self.ingestor.note_routed(reply.instance_id, decided.now)
+            self.ingestor.note_routed(reply.instance_id, decided.now, reply.dp_rank or 0)
 
-    def _reply(self, identity: bytes, reply: RouteResponse | list[RouteResponse]) -> None:
+    def _reply(
+        self, identity: bytes, reply: RouteResponse | KvDebugReply | list[RouteResponse]
+    ) -> None:
         assert self._sock is not None
         try:
             self._sock.send_multipart([identity, codec.encode(reply)])
