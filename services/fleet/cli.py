@@ -53,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_worker,
         metavar="URL",
         help="engine URL, repeatable: grpc://host:port[?kv_events=tcp://h:p&kv_replay=tcp://h:p"
-        "&role=prefill]",
+        "&role=prefill]; kv_bind=tcp://*:p&kv_topic=T for an engine whose KV publisher "
+        "connects to the router (see docs/routing.md)",
     )
     parser.add_argument(
         "--workers-file",
