@@ -23,13 +23,23 @@ single engine whose cache never evicts, so every block an earlier request stored
 same run, not computed.
 
 Modes: `kv` (this router's default), `round_robin`, `kv booking off` (bursts: --booking-ttl 0,
-item 8 off), and `previous kv` (the previous router's kv policy: the stack of another
-checkout, given with --baseline-python, e.g. /work/main/.venv/bin/python). Every mode runs in
-front of this checkout's mock engines (started apart, given to `up` as --worker URLs), so the
-previous router meets the same engine behaviour.
+item 8 off), `previous kv` (the previous router's kv policy: the stack of another checkout,
+given with --baseline-python, e.g. /work/main/.venv/bin/python), and `smg` (the smg gateway,
+`--smg-spec`, default smg==1.13.0, installed into bench/.smg-venv on first use as
+bench/load.py does, with `--policy cache_aware`: its KV index fed by the engines' events; on
+the single-protocol fleets). Every mode runs in front of fresh mock engines of this checkout
+(started apart, given to the gateway as URLs), so every gateway meets the same engine
+behaviour from the same empty caches.
+
+`--repeats N` runs every row group N times, the modes interleaved within each repeat (the
+order rotates), and reports each mode's median hit rate and TTFT over the repeats with the
+load average at the start and end: the machine is shared, so TTFT means are noisy; the hit
+rate is the robust number.
 
     python bench/kv_conversations.py [--baseline-python PY] [--fleets sglang,vllm,mixed]
     python bench/kv_conversations.py --no-conversations     # the bursts alone
+    python bench/kv_conversations.py --fleets sglang --modes kv,smg,round_robin \
+        --concurrency 8 --concurrency 32 --repeats 3      # the head-to-head with smg
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import random
 import statistics
 import sys
@@ -105,6 +116,47 @@ def mock_engines(engines: str, mock_args: list[str], folder: Path) -> Iterator[l
         yield workers
     finally:
         stop(*procs)
+
+
+SMG = "smg"
+
+
+@contextlib.contextmanager
+def smg_stack(engines: str, mock_args: list[str], spec: str, policy: str) -> Iterator[str]:
+    """smg (`smg launch --policy POLICY`) in front of fresh mock engines of one protocol."""
+    from load import SMG_VENV, Processes, Progress, ensure_smg, served_tokenizer_dir, smg_gateway
+
+    protocols = set(engines.split(","))
+    if protocols != {"sglang"}:  # bench/load.py launches smg with --backend sglang
+        raise ValueError(f"smg runs on the sglang fleet here, not {engines}")
+    exe = ensure_smg(SMG_VENV, spec, Progress(0))
+    with tempfile.TemporaryDirectory(prefix="kv-conversations-smg-") as folder:
+        tokenizer, template = served_tokenizer_dir(Path(folder) / "tokenizer")
+        with mock_engines(engines, [*mock_args, f"--tokenizer={tokenizer}"], Path(folder)) as ws:
+            procs = Processes(Path(folder))
+            try:
+                urls = [w.partition("?")[0] for w in ws]
+                with smg_gateway(procs, exe, urls, tokenizer, template, policy) as (base, _):
+                    yield base
+            finally:
+                procs.stop_all()
+
+
+@contextlib.contextmanager
+def gateway(
+    mode: tuple[str, str, list[str]], engines: str, mock: list[str], spec: str
+) -> Iterator[str]:
+    name, python, up = mode
+    if name == SMG:
+        with smg_stack(engines, mock, spec, "cache_aware") as base:
+            yield base
+    else:
+        with stack(python, engines, mock, up) as base:
+            yield base
+
+
+def load_average() -> str:
+    return " ".join(f"{v:.1f}" for v in os.getloadavg())
 
 
 @contextlib.contextmanager
@@ -292,6 +344,15 @@ def main() -> int:
         help="skip the one-engine and best-possible runs (shares print as n/a)",
     )
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=1, help="runs per row group (medians)")
+    parser.add_argument("--smg-spec", default="smg==1.13.0", help="pip requirement for smg")
+    parser.add_argument(
+        "--router-arg",
+        action="append",
+        default=[],
+        help="extra flag for this checkout's router in the kv mode (repeat), e.g. "
+        "--router-arg=--work-weight=0.3",
+    )
     parser.add_argument(
         "--out", default=str(Path(__file__).parent / "results" / "kv_conversations.md")
     )
@@ -307,22 +368,35 @@ def main() -> int:
     unbounded = [*mock, "--num-blocks=1000000"]
     me = sys.executable
     wanted = args.modes.split(",")
+    tuned = [f"--router-arg={a}" for a in args.router_arg]
     modes: list[tuple[str, str, list[str]]] = [
-        (m, me, ["--router-mode", m]) for m in ("kv", "round_robin") if m in wanted
+        (m, me, ["--router-mode", m, *(tuned if m == "kv" else [])])
+        for m in ("kv", "round_robin")
+        if m in wanted
     ]
+    if SMG in wanted:
+        modes.append((SMG, "", []))
     if args.baseline_python:
         modes.append(("previous kv", args.baseline_python, ["--router-mode", "kv"]))
     lines = [
         f"Mock engines: prefill {args.prefill_ms_per_token} ms/token, one prefill at a time "
         f"per engine; {args.conversations} conversations x {args.turns} turns "
-        f"(answers of {args.answer_tokens} tokens); seed {args.seed}. One run; the machine was "
-        "shared with other jobs, so TTFTs are noisy: compare within a row group.",
+        f"(answers of {args.answer_tokens} tokens); seed {args.seed}. "
+        + (
+            f"Medians of {args.repeats} runs, modes interleaved; "
+            if args.repeats > 1
+            else "One run; "
+        )
+        + "the machine was shared with other jobs, so TTFTs are noisy: compare within a row "
+        f"group. Load average at start: {load_average()}."
+        + (f" kv router flags: {' '.join(args.router_arg)}." if args.router_arg else ""),
         "",
         "## Multi-turn conversations",
         "",
         "| fleet | in flight | mode | hit rate | / one engine | / best possible | TTFT mean ms "
-        "| TTFT p90 ms | mean / round-robin |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| TTFT p90 ms | mean / round-robin |"
+        + (" runs (hit, TTFT mean ms) |" if args.repeats > 1 else ""),
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if args.repeats > 1 else ""),
     ]
 
     def run(base: str, load: int):  # noqa: ANN202 - a coroutine of list[Result]
@@ -341,17 +415,32 @@ def main() -> int:
             if not args.no_reference:
                 with stack(me, single, mock, ["--router-mode", "kv"]) as base:
                     one = hit(asyncio.run(run(base, load)))
-            rows = {}
-            for name, python, up in modes:
-                with stack(python, engines, mock, up) as base:
-                    results = asyncio.run(run(base, load))
-                rows[name] = (hit(results), *ttfts(results))
-                print(f"{fleet} c{load} {name}: done", file=sys.stderr)
+            runs: dict[str, list[tuple[float, float, float]]] = {}
+            fleet_modes = [m for m in modes if m[0] != SMG or fleet == "sglang"]
+            for repeat in range(args.repeats):
+                turn = repeat % len(fleet_modes)
+                for mode in fleet_modes[turn:] + fleet_modes[:turn]:  # interleaved, rotating
+                    with gateway(mode, engines, mock, args.smg_spec) as base:
+                        results = asyncio.run(run(base, load))
+                    runs.setdefault(mode[0], []).append((hit(results), *ttfts(results)))
+                    print(
+                        f"{fleet} c{load} {mode[0]} run {repeat + 1}: hit {hit(results):.1%} "
+                        f"ttft {ttfts(results)[0]:.0f} ms (load {load_average()})",
+                        file=sys.stderr,
+                    )
+            rows = {
+                name: tuple(statistics.median(r[i] for r in got) for i in range(3))
+                for name, got in runs.items()
+            }
             rr_mean = rows["round_robin"][1] if "round_robin" in rows else float("nan")
             for name, (rate, mean, p90) in rows.items():
+                spread = ""
+                if args.repeats > 1:
+                    each = runs[name]
+                    spread = " " + "; ".join(f"{r[0]:.1%}, {r[1]:.0f}" for r in each) + " |"
                 lines.append(
                     f"| {fleet} | {load} | {name} | {rate:.1%} | {rate / one:.0%} | "
-                    f"{rate / best:.0%} | {mean:.0f} | {p90:.0f} | {mean / rr_mean:.2f} |"
+                    f"{rate / best:.0%} | {mean:.0f} | {p90:.0f} | {mean / rr_mean:.2f} |" + spread
                 )
             if not args.no_reference:
                 lines.append(
@@ -379,8 +468,11 @@ def main() -> int:
                 best_groups = asyncio.run(bursts(b, args.groups, args.burst, args.seed, True))
             bound = hit([r for g in best_groups for r in g])
             prefix = [max(r.cached_tokens for r in g) for g in best_groups]
-            for name, python, up in burst_modes:
-                with stack(python, FLEETS[fleet], mock, up) as base:
+            for mode in burst_modes:
+                name = mode[0]
+                if name == SMG and fleet != "sglang":
+                    continue
+                with gateway(mode, FLEETS[fleet], mock, args.smg_spec) as base:
                     groups = asyncio.run(bursts(base, args.groups, args.burst, args.seed))
                 flat = [r for g in groups for r in g]
                 cold = statistics.mean(
@@ -394,6 +486,8 @@ def main() -> int:
                     f"{mean:.0f} | {p90:.0f} |"
                 )
                 print(f"burst {fleet} {name}: done", file=sys.stderr)
+    lines.append("")
+    lines.append(f"Load average at the end: {load_average()}.")
     table = "\n".join(lines)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(table + "\n")
