@@ -297,7 +297,9 @@ class TestRealPublishers:
         router.ingestor.apply_events(
             [InstanceAdded(instance(engine, endpoint=bound_endpoint(engine)))]
         )
-        await asyncio.sleep(3.0)  # the router's SUB has backed off to its longest interval
+        # Long enough for the SUB to back off to its longest retry interval, and past the
+        # 2 s catch-up window after which the router used to give up for good.
+        await asyncio.sleep(6.0)
         engine.start()
         bound_at = time.monotonic()
         prompts = [p for chat in conversations(rng, 3, 2) for p in chat]
