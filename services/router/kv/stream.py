@@ -24,9 +24,12 @@ burst on the PUB socket, and nothing live would ever reveal it. The replay from 
 applied sequence `L` also tells a restart apart: the same publisher still holds batch `L`
 (its buffer keeps the newest batches) with the very payload applied; a restarted one holds
 nothing at `L`, or another payload there. A restart clears the worker and replays from 0.
-Live messages are held meanwhile. Without a replay endpoint, or when the replay fails or lacks
-batches (the engine's buffer is bounded), the stream logs, counts and goes on: the view of
-that worker is then partial until its blocks churn.
+Live messages are held meanwhile. The connection is made before the subscription reaches the
+publisher, so a batch published after the replay's snapshot can still be dropped by the PUB;
+the stream checks again `FOLLOW_UPS` seconds after each (re)connect (a replay from the last
+applied sequence: one batch when nothing is new). Without a replay endpoint, or when the
+replay fails or lacks batches (the engine's buffer is bounded), the stream logs, counts and
+goes on: the view of that worker is then partial until its blocks churn.
 
 Admission: blocks stored in batches stamped before `not_before` (the engine's wall clock;
 fleet's admission time of the engine) are not indexed: an engine that warms up, then resets
@@ -57,6 +60,10 @@ from switchyard.router.kv.errors import KvDecodeError
 from switchyard.router.kv.types import STORED, KvCounters, KvSink, Record, WorkerKey, WorkerKvStats
 
 log = logging.getLogger(__name__)
+
+# Seconds after a (re)connect at which the catch-up is repeated: batches published between
+# the first catch-up's snapshot and the subscription reaching the publisher were dropped.
+FOLLOW_UPS = (1.0, 4.0)
 
 
 class ReplayError(Exception):
@@ -113,6 +120,7 @@ class KvStream:
         not_before: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        follow_ups: tuple[float, ...] = FOLLOW_UPS,
     ) -> None:
         self.worker = worker
         self.replay_endpoint = replay_endpoint
@@ -132,6 +140,8 @@ class KvStream:
         self._closed = False
         self._started = False
         self._catch_up_wanted = False  # a (re)connect came while a replay was under way
+        self._follow_up_delays = follow_ups
+        self._follow_ups: list[asyncio.TimerHandle] = []
         self.stats = WorkerKvStats()
         self.messages = 0  # live messages received
         self.replayed = 0  # batches applied from replays
@@ -171,6 +181,17 @@ class KvStream:
             self.start()
         else:
             self._catch_up_now()
+        if self.replay_endpoint is not None and not self._closed:
+            self._cancel_follow_ups()
+            loop = asyncio.get_running_loop()
+            self._follow_ups = [
+                loop.call_later(d, self._catch_up_now) for d in self._follow_up_delays
+            ]
+
+    def _cancel_follow_ups(self) -> None:
+        for handle in self._follow_ups:
+            handle.cancel()
+        self._follow_ups = []
 
     def disconnected(self) -> None:
         self.stats.connected = False
@@ -179,9 +200,11 @@ class KvStream:
         """Take no message from now on (a transport's read callback may still run in the
         loop iteration that stops its task); `close` then ends a replay under way."""
         self._closed = True
+        self._cancel_follow_ups()
 
     async def close(self) -> None:
         self._closed = True
+        self._cancel_follow_ups()
         task, self._task = self._task, None
         if task is not None and not task.done():
             task.cancel()
