@@ -87,6 +87,10 @@ def entry(spec: WorkerSpec) -> dict[str, Any]:
         out["kv_events"] = spec.kv_events
     if spec.kv_replay:
         out["kv_replay"] = spec.kv_replay
+    if spec.kv_bind:
+        out["kv_bind"] = spec.kv_bind
+    if spec.kv_topic is not None:
+        out["kv_topic"] = spec.kv_topic
     if spec.prefill:
         out["role"] = "prefill"
     if spec.model:

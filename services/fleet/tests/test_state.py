@@ -222,7 +222,12 @@ class TestRestoredInstanceSet:
             assert second.restored == 4
             async with FleetClient(second.control_endpoint, second.events_endpoint) as client:
                 await client.start(timeout=10)  # answered: no probe round to wait for
-                assert dict(client.instances) == before
+                # The same instances; when they were admitted is the first fleet's to know
+                # (a restored instance's admitted_at is 0, unknown: no warm-up cut-off).
+                assert {i: unadmitted(x) for i, x in client.instances.items()} == {
+                    i: unadmitted(x) for i, x in before.items()
+                }
+                assert all(x.admitted_at == 0.0 for x in client.instances.values())
                 assert client.version is not None and client.version > first.version
                 await until(lambda: len(prober.first_probes()) == 4, "every instance probed")
         offsets = sorted(at - started for at in prober.first_probes().values())
@@ -253,3 +258,20 @@ class TestRestoredInstanceSet:
         async with running(second):
             assert second.restored == 1
             assert [i.instance_id for i in second.instances.values()] == [instance_id(FLAGGED)]
+
+
+def unadmitted(instance):
+    import msgspec
+
+    return msgspec.structs.replace(instance, admitted_at=0.0)
+
+
+class TestEntryOptions:
+    def test_kv_bind_and_topic_survive_the_state_file(self):
+        """Issue 32's worker options are kept like the others (an admin-added worker whose
+        publisher connects keeps its router endpoint and topic across a fleet restart)."""
+        from switchyard.common.workers import parse_worker_entry
+        from switchyard.fleet.state import entry
+
+        spec = WorkerSpec("grpc://h:1", kv_bind="tcp://*:5557", kv_topic="engine-a")
+        assert parse_worker_entry(entry(spec)) == spec
