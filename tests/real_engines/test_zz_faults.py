@@ -112,14 +112,10 @@ class TestEngineKilledMidStream:
         )
         RESTARTED["name"], RESTARTED["url"] = name, url
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason="issue 32 (kv-heal, not on main yet): the servicer's warm-up fills the prefix "
-        "cache and resets it, and vLLM publishes that AllBlocksCleared only at its next step, "
-        "so the router holds the warm-up blocks of a (re)admitted engine until its first "
-        "request; remove this mark when the router starts an admitted engine's entry empty",
-    )
     def test_the_restarted_engine_holds_no_warm_up_blocks(self, stack):
+        """Issue 32: the servicer's warm-up fills the prefix cache and resets it, and vLLM
+        publishes that AllBlocksCleared only at its next step; the router does not index
+        stores stamped before fleet (re)admitted the engine (Instance.admitted_at)."""
         if "url" not in RESTARTED:
             pytest.skip("no engine was restarted")
         url = RESTARTED["url"]
