@@ -21,8 +21,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 SHIPPED = ("libs", "services", "switchyard", "protos")
-# Modules of the tests' own folders, importable through pytest's `pythonpath`.
-LOCAL = {p.stem for p in (ROOT / "tests").glob("*.py")} | {"support"}
+# The tests' own modules and packages (tests/ is on pytest's `pythonpath`; some suites put
+# their own folder on sys.path too).
+LOCAL = {p.stem for p in (ROOT / "tests").rglob("*.py")} | {
+    p.name for p in (ROOT / "tests").rglob("*") if p.is_dir()
+}
 
 
 _REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*([^;]*)")
@@ -84,30 +87,40 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-def _third_party(paths: list[Path]) -> dict[str, Path]:
-    found: dict[str, Path] = {}
-    for path in paths:
-        for name in _imports(path):
-            if name in sys.stdlib_module_names or name == "switchyard" or name in LOCAL:
-                continue
-            found.setdefault(name, path)
-    return found
+def _own_venv(path: Path) -> bool:
+    """In a folder with its own requirements.lock: a suite whose code also runs in a venv of
+    its own (tests/real_engines: the vLLM engine), which that lock governs."""
+    return any(
+        (folder / "requirements.lock").exists()
+        for folder in path.parents
+        if folder != ROOT and ROOT in folder.parents
+    )
 
 
 def _python_files(test: bool) -> list[Path]:
+    """The Python files of the shipped packages (or their tests); not vendored third-party
+    code kept as test fixtures (a `vendor` folder), nor suites with a venv of their own."""
     roots = [ROOT / r for r in SHIPPED] + ([ROOT / "tests"] if test else [])
-    return sorted(p for r in roots for p in r.rglob("*.py") if _is_test(p) == test)
+    return sorted(
+        p
+        for r in roots
+        for p in r.rglob("*.py")
+        if _is_test(p) == test and "vendor" not in p.relative_to(ROOT).parts and not _own_venv(p)
+    )
 
 
 def _undeclared(paths: list[Path], declared: set[str]) -> list[str]:
     distributions = metadata.packages_distributions()
-    missing = []
-    for module, path in sorted(_third_party(paths).items()):
-        dists = {_normalize(d) for d in distributions.get(module, [])}
-        if not dists & declared:
-            where = path.relative_to(ROOT)
-            missing.append(f"{module} ({where}; from {sorted(dists) or 'no installed package'})")
-    return missing
+    missing: dict[str, str] = {}
+    for path in paths:
+        for module in sorted(_imports(path)):
+            if module in sys.stdlib_module_names or module in ("switchyard", *LOCAL):
+                continue
+            # A module that is not installed is taken for the distribution of its own name.
+            dists = {_normalize(d) for d in distributions.get(module, [module])}
+            if not dists & declared and module not in missing:
+                missing[module] = f"{module} ({path.relative_to(ROOT)}; from {sorted(dists)})"
+    return sorted(missing.values())
 
 
 class TestDeclared:
