@@ -76,7 +76,11 @@ class _Collector(Collector):
             "blocks the index holds per worker (device tier)",
             labels=["instance_id", "dp_rank", "model", "worker"],
         )
-        for instance_id, rank in self.index.workers():
+        # Every known worker's ranks, 0 where the index holds nothing: a (re)admitted engine
+        # shows its empty entry instead of no series at all.
+        keys = set(self.index.workers())
+        keys.update((i, rank) for i, inst in known.items() for rank in range(inst.dp_size))
+        for instance_id, rank in sorted(keys):
             instance = known.get(instance_id)
             model, url = (instance.model, instance.url) if instance else ("", "")
             size = self.index.size((instance_id, rank))

@@ -102,3 +102,14 @@ class TestViews:
             assert every is not None and every["workers"][0]["gaps"] == 2
         finally:
             await ing.close()
+
+
+class TestIndexBlocksGauge:
+    def test_a_known_worker_with_an_empty_entry_shows_zero(self):
+        """Regression: a (re)admitted engine whose pre-admission stores were not indexed has
+        no index entry; its switchyard_router_kv_index_blocks series was absent instead of 0
+        (the real-engine warm-up test waited for it in vain)."""
+        metrics = RouterMetrics(KvIndex(), instances=lambda: {1: instance()})
+        text = generate_latest(metrics.registry).decode()
+        labels = '{dp_rank="0",instance_id="1",model="m",worker="grpc://127.0.0.1:40001"}'
+        assert f"switchyard_router_kv_index_blocks{labels} 0.0" in text
