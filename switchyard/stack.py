@@ -63,6 +63,7 @@ from switchyard.preprocessor.auth import ADMIN_TOKEN_ENV, KEYS_ENV, keys_from_en
 from switchyard.preprocessor.cli import add_edge_arguments, add_guardrail_arguments
 from switchyard.preprocessor.listener import listen_group
 from switchyard.preprocessor.serving import BACKSTOP_S
+from switchyard.preprocessor.storage.config import DSN_ENV, add_store_arguments, store_argv
 from switchyard.router.config import MODES
 from switchyard.supervisor import ChildSpec, SignalWait, Supervisor, signal_wait
 
@@ -230,6 +231,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_guardrail_arguments(parser)  # passed to every preprocessor (--shutdown-grace: too)
     add_edge_arguments(parser)  # HTTPS and CORS: passed to every preprocessor
+    add_store_arguments(parser)  # passed to every preprocessor (the DSN in their environment)
     add_engine_tls_arguments(parser)  # passed to fleet, routers, dispatchers, preprocessors
     # --port-range for every child; --ready-file for up itself, written when a client can use
     # the stack (a bound socket that routes nowhere yet would not do)
@@ -296,16 +298,20 @@ def preprocessor_guardrail_argv(args: argparse.Namespace, admin_listener: bool) 
 
 
 def child_env(args: argparse.Namespace) -> dict[str, str] | None:
-    """The preprocessors' environment: `up`'s, plus the client keys and the admin token."""
+    """The preprocessors' environment: `up`'s, plus the client keys, the admin token and the
+    PostgreSQL DSN (secrets stay off command lines)."""
     keys = [*args.api_key, *keys_from_env()]
     token = args.admin_token or os.environ.get(ADMIN_TOKEN_ENV)
-    if not keys and not token:
+    dsn = args.postgres_dsn
+    if not keys and not token and not dsn:
         return None
     env = dict(os.environ)
     if keys:
         env[KEYS_ENV] = ",".join(keys)
     if token:
         env[ADMIN_TOKEN_ENV] = token
+    if dsn:
+        env[DSN_ENV] = dsn
     return env
 
 
@@ -460,7 +466,8 @@ class Launcher:
         admin = wants_admin_listener(args)
         if admin and args.admin_port and count > 1:
             raise SystemExit("switchyard up: --admin-port with several preprocessors: use 0")
-        pre += preprocessor_guardrail_argv(args, admin) + tls + args.preprocessor_arg
+        pre += preprocessor_guardrail_argv(args, admin) + store_argv(args)
+        pre += tls + args.preprocessor_arg
 
         def preprocessor(index: int) -> Callable[[dict[str, Any] | None], list[str]]:
             def argv(report: dict[str, Any] | None) -> list[str]:

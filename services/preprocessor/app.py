@@ -1,7 +1,8 @@
 """The FastAPI app: everything but the generation endpoints (those are edge.py's).
 
-GET /health, /ready, /v1/models, /v1/models/{model}, /metrics, a 404 for anything under
-/v1/responses/ (no response is stored), POST /debug/route, which runs a request's prompt
+GET /health, /ready, /v1/models, /v1/models/{model}, /metrics, the stored responses
+(stored_responses: GET/DELETE /v1/responses/{id}, input_items, cancel) and conversations
+(conversations: /v1/conversations...), POST /debug/route, which runs a request's prompt
 stages and asks the router where it would go (with the request's session key, the
 x-session-id header or the body's `user`), sending nothing to an engine, and the admin API,
 which fleet owns and this app serves over HTTP:
@@ -27,7 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from switchyard.common.fleet_admin import FleetAdminError
-from switchyard.preprocessor import request_ids
+from switchyard.preprocessor import conversations, request_ids, stored_responses
 from switchyard.preprocessor.errors import (
     INVALID_JSON,
     INVALID_REQUEST,
@@ -42,6 +43,7 @@ from switchyard.preprocessor.errors import (
 from switchyard.preprocessor.stages.context import CHAT, COMPLETIONS, SESSION_HEADER
 from switchyard.preprocessor.stages.endpoints import new_request, prompt_stages, run_stages
 from switchyard.preprocessor.state import PreprocessorState
+from switchyard.preprocessor.storage.errors import StoreUnavailable
 from switchyard.protos.messages import (
     KvDebugRequest,
     RouteRequest,
@@ -73,6 +75,13 @@ def create_app(state: PreprocessorState) -> FastAPI:
         body = error_body(str(exc.detail), INVALID_REQUEST, code)
         return Response(body, exc.status_code, exc.headers, JSON)  # a 405's Allow header
 
+    # A route's RequestError (404, 400, 503...) is its answer; handled here, not by the
+    # catch-all below (which Starlette runs as a server error, re-raised to the server).
+    @app.exception_handler(RequestError)
+    @app.exception_handler(StoreUnavailable)
+    async def refused(request: Request, exc: Exception) -> Response:
+        return _error(exc)
+
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:
         return _error(exc)
@@ -101,20 +110,8 @@ def create_app(state: PreprocessorState) -> FastAPI:
     async def metrics() -> Response:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.api_route("/v1/responses/{rest:path}", methods=["GET", "POST", "DELETE"])
-    async def stored_response(rest: str) -> Response:
-        # Nothing is stored (POST /v1/responses is stateless): retrieve, delete, cancel and
-        # input_items have nothing to act on.
-        return _json(
-            error_body(
-                f"No response is stored here ('{rest.split('/')[0]}'): this server keeps no "
-                "responses, so none can be retrieved, deleted or cancelled; POST /v1/responses "
-                "answers statelessly.",
-                INVALID_REQUEST,
-                "response_not_found",
-            ),
-            404,
-        )
+    stored_responses.add_routes(app, state.storage)
+    conversations.add_routes(app, state.storage, state.config.store.max_bytes)
 
     @app.post("/debug/route")
     async def debug_route(request: Request) -> Response:

@@ -35,6 +35,13 @@ ADMIN_TOKEN_ENV = "SWITCHYARD_ADMIN_TOKEN"
 RELOAD_INTERVAL_S = 1.0
 ADMIN_PREFIXES = ("/debug/", "/admin/")
 OPEN_PATHS = ("/health",)
+# Where the edge leaves the caller's tenant for the stored-object routes (ASGI scope key).
+TENANT_SCOPE = "switchyard.tenant"
+
+
+def tenant_of(key: bytes | None) -> str:
+    """Whose stored objects a request may see: its key's digest (hex), "" with no keys."""
+    return key.hex() if key is not None else ""
 CLIENT_PATHS = ("/tokenize", "/detokenize")  # vLLM's, outside /v1: client keys as for /v1
 
 

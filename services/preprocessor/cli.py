@@ -24,6 +24,7 @@ from switchyard.preprocessor.listener import adopt, open_listener
 from switchyard.preprocessor.parsers.registry import reasoning_format, tool_parser_class
 from switchyard.preprocessor.serving import GracefulServer
 from switchyard.preprocessor.state import PreprocessorConfig, PreprocessorState
+from switchyard.preprocessor.storage.config import add_store_arguments, store_config_from_args
 from switchyard.preprocessor.tokenizer import OFFLOAD_CHARS, TOKENIZER_FILE
 from switchyard.preprocessor.tokenizer_source import parse_tokenizer_flags
 
@@ -314,6 +315,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_guardrail_arguments(parser)
     add_edge_arguments(parser)
+    add_store_arguments(parser)
     add_engine_tls_arguments(parser)  # GetTokenizer over grpcs://
     add_metrics_arguments(parser, "preprocessor")  # /metrics is also served on the HTTP port
     add_port_arguments(parser)
@@ -406,6 +408,7 @@ def run(args: argparse.Namespace) -> int:
             request_timeout=args.request_timeout,
             admission=limits,
             shutdown_grace=args.shutdown_grace,
+            store=store_config_from_args(args),
         )
     except ValueError as exc:
         raise SystemExit(f"preprocessor: {exc}") from None

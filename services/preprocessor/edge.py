@@ -29,7 +29,15 @@ from fastapi import FastAPI
 from switchyard.preprocessor import request_ids
 from switchyard.preprocessor.access_log import CLIENT_GONE, AccessLog, request_fields
 from switchyard.preprocessor.admission import Admission
-from switchyard.preprocessor.auth import OPEN_PATHS, Access, KeyRing, is_admin_path, is_client_path
+from switchyard.preprocessor.auth import (
+    OPEN_PATHS,
+    TENANT_SCOPE,
+    Access,
+    KeyRing,
+    is_admin_path,
+    is_client_path,
+    tenant_of,
+)
 from switchyard.preprocessor.errors import (
     INVALID_REQUEST,
     AuthenticationError,
@@ -205,6 +213,7 @@ class Edge:
             await respond_error(send, exc)
             self._refused(GENERATION_PATHS.get(path), 401, exc.code)
             return
+        scope[TENANT_SCOPE] = tenant_of(key)  # whose stored objects it may see
         endpoint = GENERATION_PATHS.get(path)
         if endpoint is None:
             local = LOCAL_PATHS.get(path)

@@ -6,8 +6,12 @@
      |    |     codes: invalid_json, missing_field, invalid_type, invalid_value,
      |    |            unknown_field, unsupported_value, context_length_exceeded
      |    +-- ModelNotFoundError         404  not_found_error       code model_not_found
+     |    +-- ObjectNotFoundError        404  invalid_request_error a stored response,
+     |    |                                   conversation or item that is not there (or
+     |    |                                   another key's: the same answer)
      |    +-- ServiceUnavailableError    503  service_unavailable   code no_engine_available,
-     |    |                                                          shutting_down, ...
+     |    |                                                          shutting_down,
+     |    |                                                          store_unavailable, ...
      |    +-- AuthenticationError        401  invalid_request_error code invalid_api_key
      |    +-- RateLimitError             429  rate_limit_error      code rate_limit_exceeded
      |    |                                   (retry_after: the Retry-After header, seconds)
@@ -26,6 +30,7 @@ import orjson
 
 from switchyard.common import errors as kinds
 from switchyard.common.errors import EngineError
+from switchyard.preprocessor.storage.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +47,8 @@ UNSUPPORTED_VALUE = "unsupported_value"  # a valid OpenAI value this server cann
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 MODEL_NOT_FOUND = "model_not_found"
 NO_ENGINE_AVAILABLE = "no_engine_available"
+NOT_FOUND_CODE = "not_found"
+STORE_UNAVAILABLE = "store_unavailable"
 
 
 def error_body(message: str, type: str, code: str, param: str | None = None) -> bytes:
@@ -82,6 +89,11 @@ class ModelNotFoundError(RequestError):
         super().__init__(
             404, f"The model '{model}' does not exist.", NOT_FOUND, MODEL_NOT_FOUND, "model"
         )
+
+
+class ObjectNotFoundError(RequestError):
+    def __init__(self, message: str, code: str = NOT_FOUND_CODE, param: str | None = None) -> None:
+        super().__init__(404, message, INVALID_REQUEST, code, param)
 
 
 class ServiceUnavailableError(RequestError):
@@ -144,6 +156,12 @@ def as_request_error(exc: BaseException) -> RequestError:
     """Any failure of a request -> the client-facing error (logged when unexpected)."""
     if isinstance(exc, RequestError):
         return exc
+    if isinstance(exc, StoreUnavailable):
+        # The cause (a host, a path) is in the preprocessor's log, not for the client.
+        return ServiceUnavailableError(
+            "The response store (responses, conversations) is unavailable; retry later.",
+            STORE_UNAVAILABLE,
+        )
     if isinstance(exc, NoWorker):
         if exc.reason == "unknown_model":
             return ModelNotFoundError(exc.model)

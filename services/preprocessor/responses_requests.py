@@ -73,7 +73,7 @@ def parse_responses(body: bytes) -> ResponsesRequest:
     if isinstance(raw.input, str):
         messages.append({"role": "user", "content": raw.input})
     else:
-        messages += _messages(raw.input)
+        messages += input_messages(raw.input)
     defs = [_function_def(t, i) for i, t in enumerate(raw.tools or ())]
     tools = tuple(_chat_tool(t) for t in defs)
     tool_choice = _chat_tool_choice(raw.tool_choice, tools)
@@ -192,7 +192,7 @@ def _unsupported(param: str, message: str) -> InvalidRequestError:
 # --- input items -> chat messages ----------------------------------------------------------------
 
 
-def _convert(value: Any, kind: type, where: str) -> Any:
+def convert_item(value: Any, kind: type, where: str) -> Any:
     """One part of the body decoded into its Struct, errors named from the body's root."""
     try:
         return msgspec.convert(value, kind)
@@ -222,20 +222,21 @@ def _text(parts: str | list[Any], where: str) -> str:
     return PART_SEPARATOR.join(texts)
 
 
-def _messages(items: list[Any]) -> list[dict[str, Any]]:
+def input_messages(items: list[Any], base: str = "input") -> list[dict[str, Any]]:
+    """Input items -> chat messages (400s name the item as `base[i]`)."""
     messages: list[dict[str, Any]] = []
     reasoning: str | None = None  # a reasoning item's text, for the next assistant message
     names: dict[str, str] = {}  # call_id -> function name
     last_assistant: dict[str, Any] | None = None  # the message a function_call joins
     for i, item in enumerate(items):
-        where = f"input[{i}]"
+        where = f"{base}[{i}]"
         if not isinstance(item, dict):
             raise InvalidRequestError(
                 f"Invalid type for '{where}': expected an object.", INVALID_TYPE, where
             )
         kind = item.get("type", "message")
         if kind == "message":
-            msg = _convert(item, schema.MessageItem, where)
+            msg = convert_item(item, schema.MessageItem, where)
             message: dict[str, Any] = {
                 "role": msg.role,
                 "content": _text(msg.content, f"{where}.content"),
@@ -248,7 +249,7 @@ def _messages(items: list[Any]) -> list[dict[str, Any]]:
                 last_assistant = message
             messages.append(message)
         elif kind == "function_call":
-            call = _convert(item, schema.FunctionCallItem, where)
+            call = convert_item(item, schema.FunctionCallItem, where)
             names[call.call_id] = call.name
             if last_assistant is None:
                 last_assistant = {"role": "assistant"}
@@ -264,7 +265,7 @@ def _messages(items: list[Any]) -> list[dict[str, Any]]:
                 }
             )
         elif kind == "function_call_output":
-            out = _convert(item, schema.FunctionCallOutputItem, where)
+            out = convert_item(item, schema.FunctionCallOutputItem, where)
             tool: dict[str, Any] = {
                 "role": "tool",
                 "content": _text(out.output, f"{where}.output"),
@@ -275,7 +276,7 @@ def _messages(items: list[Any]) -> list[dict[str, Any]]:
             messages.append(tool)
             last_assistant = None
         elif kind == "reasoning":
-            thought = _convert(item, schema.ReasoningItem, where)
+            thought = convert_item(item, schema.ReasoningItem, where)
             if thought.encrypted_content is not None:
                 raise _unsupported(
                     f"{where}.encrypted_content",
@@ -311,7 +312,7 @@ def _function_def(raw: Any, i: int) -> schema.FunctionToolDef:
             UNSUPPORTED_VALUE,
             f"{where}.type",
         )
-    tool: schema.FunctionToolDef = _convert(raw, schema.FunctionToolDef, where)
+    tool: schema.FunctionToolDef = convert_item(raw, schema.FunctionToolDef, where)
     free_json_text(tool.parameters, f"{where}.parameters")  # the response object echoes it
     return tool
 

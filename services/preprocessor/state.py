@@ -28,6 +28,8 @@ from switchyard.preprocessor.parsers import ParserChoice, parsers_for
 from switchyard.preprocessor.router_client import RouterClient
 from switchyard.preprocessor.stages.context import Deps, Limits
 from switchyard.preprocessor.stages.timing import StageTimer
+from switchyard.preprocessor.storage.config import StoreConfig
+from switchyard.preprocessor.storage.service import Storage, open_storage
 from switchyard.preprocessor.tokenizer import OFFLOAD_CHARS, TokenizerBundle
 from switchyard.preprocessor.tokenizer_source import ModelTokenizers
 from switchyard.protos.messages import WorkerAdminReply, WorkerAdminRequest
@@ -68,6 +70,8 @@ class PreprocessorConfig:
     admission: AdmissionLimits = field(default_factory=AdmissionLimits)
     shutdown_grace: float = 30.0  # SIGTERM: in-flight requests may finish this long
     admin_timeout: float = 5.0  # for fleet to answer an admin call
+    # Stored responses and conversations (none here; the CLI's default is SQLite).
+    store: StoreConfig = field(default_factory=lambda: StoreConfig(backend="none"))
 
     def __post_init__(self) -> None:
         if not self.dispatchers or not self.routers:
@@ -108,6 +112,7 @@ class PreprocessorState:
             lambda: self.fleet.instances, cfg.tokenizer_dir, cfg.tokenizer_dirs, tls=cfg.engine_tls
         )
         self.admission = Admission(cfg.admission)
+        self.storage: Storage | None = open_storage(cfg.store, self.metrics.registry)
         self.metrics.registry.register(AdmissionCollector(self.admission))
         self._zmq: zmq.asyncio.Context | None = None  # the admin calls' sockets (lazily)
         self._tasks: list[asyncio.Task[None]] = []
@@ -214,6 +219,8 @@ class PreprocessorState:
         self.router.start()
         self.dispatcher.start()
         try:
+            if self.storage is not None:
+                await self.storage.start()  # a SQLite file that cannot be opened: no start
             if await self.fleet.start_unless_stopped(self.stopping):
                 self.catalog = build_catalog(self.fleet.instances)
                 self.tokenizers.sync(self.catalog)
@@ -233,6 +240,8 @@ class PreprocessorState:
             await asyncio.gather(*self._tasks, return_exceptions=True)
             if self._zmq is not None:
                 self._zmq.term()
+            if self.storage is not None:
+                await self.storage.close()
             await self.tokenizers.close()
             await self.fleet.close()
             await self.router.close()

@@ -87,11 +87,18 @@ class TestHttpErrors:
         assert reply.status_code == 404
         assert reply.json()["error"]["code"] == "not_found"
 
-    async def test_stored_responses_stay_404(self, client):
-        for method in ("GET", "DELETE"):
-            reply = await client.request(method, "/v1/responses/resp_1")
+    async def test_without_a_store_stored_objects_are_404(self, client):
+        """--store none: nothing is kept, so nothing can be read or deleted."""
+        for method, path in [
+            ("GET", "/v1/responses/resp_1"),
+            ("DELETE", "/v1/responses/resp_1"),
+            ("GET", "/v1/responses/resp_1/input_items"),
+            ("GET", "/v1/conversations/conv_1"),
+            ("POST", "/v1/conversations"),
+        ]:
+            reply = await client.request(method, path)
             assert reply.status_code == 404
-            assert reply.json()["error"]["code"] == "response_not_found"
+            assert reply.json()["error"]["code"] == "store_disabled"
 
     @pytest.mark.parametrize("method", ["GET", "PUT", "DELETE"])
     async def test_generation_paths_answer_405_to_other_methods(self, client, method):

@@ -103,7 +103,7 @@ async def test_other_requests_go_to_fastapi(served):
     for scope in (
         http("/v1/models", "GET"),
         http("/debug/route"),
-        http("/v1/responses/resp_1", "GET"),  # app.py's 404: nothing is stored
+        http("/v1/responses/resp_1", "GET"),  # a stored response: app.py's
         http("/v1/chat/completions/", "GET"),  # not the collection path itself
     ):
         client = Client()
