@@ -131,3 +131,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/startup.py
 	$(BIN)/python bench/overload.py
 	$(BIN)/python bench/real_engine.py
+	$(BIN)/python bench/stored.py

@@ -316,3 +316,28 @@ def test_dockerignore_lets_every_copy_source_through() -> None:
         assert name in allowed, f"COPY {source} would be ignored: add !{name}"
     for excluded in (".venv", ".git", "bench", "tests"):
         assert excluded not in allowed
+
+
+POSTGRES_OVERRIDE = DEPLOY / "docker-compose.postgres.yml"
+
+
+def test_compose_postgres_profile_points_the_preprocessor_at_its_server() -> None:
+    """deploy/docker-compose.postgres.yml: a PostgreSQL service in the `postgres` profile,
+    built from Debian's package (no registry image), and the preprocessor's DSN naming it;
+    compose accepts the files with the profile on."""
+    services = load_compose(COMPOSE, POSTGRES_OVERRIDE)
+    server = services["postgres"]
+    assert server["profiles"] == ["postgres"] and server["pull_policy"] == "build"
+    assert (DEPLOY / server["build"]["context"] / "Dockerfile").is_file()
+    dsn = services["preprocessor"]["environment"]["SWITCHYARD_POSTGRES_DSN"]
+    assert dsn.startswith("postgresql://switchyard:") and "@postgres:5432/" in dsn
+    assert "preprocessor-data:/var/lib/switchyard" in services["preprocessor"]["volumes"]
+    files = ["-f", str(COMPOSE), "-f", str(POSTGRES_OVERRIDE)]
+    result = subprocess.run(
+        [*_compose_cli(), *files, "--profile", "postgres", "config", "--quiet"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr

@@ -284,8 +284,7 @@ class TestRefusals:
     @pytest.mark.parametrize(
         "fields,param",
         [
-            ({"store": True}, "store"),
-            ({"previous_response_id": "resp_123"}, "previous_response_id"),
+            ({"previous_response_id": "resp_123"}, "previous_response_id"),  # not found
             ({"background": True}, "background"),
             ({"include": ["reasoning.encrypted_content"]}, "include"),
             ({"truncation": "auto"}, "truncation"),
@@ -307,12 +306,15 @@ class TestRefusals:
         with pytest.raises(openai.NotFoundError):
             stack.client.responses.create(model="nope", input="hi")
 
-    def test_nothing_is_stored(self, stack):
-        reply = stack.client.responses.create(model="ds-v3", input="hi", max_output_tokens=2)
-        assert reply.store is False  # type: ignore[attr-defined]
+    def test_store_false_is_not_kept(self, stack):
+        """Kept by default (tests/test_stored_responses.py); `store: false` leaves nothing."""
+        reply = stack.client.responses.create(
+            model="ds-v3", input="hi", max_output_tokens=2, store=False
+        )
+        assert reply.store is False
         with pytest.raises(openai.NotFoundError) as info:
             stack.client.responses.retrieve(reply.id)
-        assert "keeps no responses" in info.value.body["message"]
+        assert info.value.body["code"] == "response_not_found"
         with pytest.raises(openai.NotFoundError):
             stack.client.responses.delete(reply.id)
 

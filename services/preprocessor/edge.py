@@ -98,19 +98,21 @@ class AsgiOut:
     """The response half of one ASGI exchange (stages.sinks.HttpOut); every response of a
     request that has an id carries it as X-Request-Id."""
 
-    __slots__ = ("_send", "_id", "done")
+    __slots__ = ("_send", "_id", "done", "added")
 
     def __init__(self, send: Send, request_id: str = "") -> None:
         self._send = send
         self._id: list[tuple[bytes, bytes]] = []
         self.set_request_id(request_id)
         self.done = False  # the last message went out: a disconnect now is the normal end
+        # Headers the request's stages add (RequestState.headers: a store warning).
+        self.added: list[tuple[bytes, bytes]] = []
 
     def set_request_id(self, request_id: str) -> None:
         self._id = [(b"x-request-id", request_id.encode("latin-1"))] if request_id else []
 
     async def start_stream(self) -> None:
-        headers = [*STREAM_HEADERS, *self._id]
+        headers = [*STREAM_HEADERS, *self._id, *self.added]
         await self._send({"type": "http.response.start", "status": 200, "headers": headers})
 
     async def write(self, data: bytes) -> None:
@@ -126,6 +128,7 @@ class AsgiOut:
     ) -> None:
         self.done = True
         headers = [*JSON_HEADERS, (b"content-length", str(len(body)).encode()), *self._id]
+        headers += self.added
         if extra:
             headers += extra
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
@@ -269,8 +272,11 @@ class Edge:
             timeout = self._timeout(scope)
         except RequestError as exc:
             bad_timeout = exc
-        ctx, refused = _request(endpoint, scope, deps, http, received, timeout)
+        ctx, refused = _request(
+            endpoint, scope, deps, http, received, timeout, tenant=tenant_of(key)
+        )
         state = ctx.state
+        http.added = state.headers
         status = CLIENT_GONE
         ticket = None
         try:
@@ -363,6 +369,7 @@ def _request(
     received: float,
     timeout: float = 0.0,
     id_prefix: str | None = None,
+    tenant: str = "",
 ) -> tuple[RequestContext, RequestError | None]:
     """The request's context: its ids (X-Request-Id, else minted with `id_prefix` or the
     endpoint's), session and trace; and the error of a bad header."""
@@ -397,6 +404,7 @@ def _request(
         session_id=bytes(session).decode("latin-1") if session else None,
         timeout=timeout,
         path=scope["path"],
+        tenant=tenant,
     )
     if deps.tracing is not None:
         carrier = {"traceparent": traceparent.decode("latin-1")} if traceparent else {}

@@ -19,13 +19,13 @@ echoes them. The mapping:
     text.format                     the engine constraint response_format would give
     reasoning.effort                the template's reasoning_effort (refused if it has none)
 
-Fields that cannot take effect here are refused with a 400 naming them: explicit
-`store: true` (nothing is stored; an absent `store`, true in OpenAI's API, is accepted and
-the response is simply not kept), previous_response_id, conversation, background, include,
-truncation "auto", prompt, top_logprobs, max_tool_calls, reasoning.summary, text.verbosity,
-stream_options.include_obfuscation, media parts, encrypted reasoning, and tools / tool_choice
-of any type but function. Errors of later stages name chat's fields; `responses_error`
-renames them for the client.
+`store` (true unless false), `previous_response_id` and `conversation` are carried as they
+came: stages/stored.py reads the stored context before the first engine call and keeps the
+response at its end. Fields that cannot take effect here are refused with a 400 naming
+them: background, include, truncation "auto", prompt, top_logprobs, max_tool_calls,
+reasoning.summary, text.verbosity, stream_options.include_obfuscation, media parts,
+encrypted reasoning, and tools / tool_choice of any type but function. Errors of later
+stages name chat's fields; `responses_error` renames them for the client.
 """
 
 from __future__ import annotations
@@ -62,11 +62,20 @@ class ResponsesRequest(ChatCompletionRequest):
     # The request's parameters as the response object shows them (instructions, tools,
     # tool_choice, temperature, ...).
     shown: dict[str, Any] = field(default_factory=dict)
+    # State (stages/stored.py): keep the response (OpenAI's default), continue an earlier
+    # one, or a conversation. `input` is the body's, for the items kept; the stored context
+    # goes into `messages` after the instructions (`head`: 1 with instructions, else 0).
+    store: bool | None = None  # None: absent (true in OpenAI's API)
+    previous_response_id: str | None = None
+    conversation: str | None = None
+    input: str | list[Any] = ""
+    head: int = 0
 
 
 def parse_responses(body: bytes) -> ResponsesRequest:
     raw: schema.ResponsesBody = _decode(schema.RESPONSES_DECODER, body)
     _refused_fields(raw)
+    conversation = _conversation_id(raw)
     messages: list[dict[str, Any]] = []
     if raw.instructions:
         messages.append({"role": "system", "content": raw.instructions})
@@ -116,31 +125,47 @@ def parse_responses(body: bytes) -> ResponsesRequest:
         parallel,
         template_kwargs=kwargs,
         shown=shown,
+        store=raw.store,
+        previous_response_id=raw.previous_response_id,
+        conversation=conversation,
+        input=raw.input,
+        head=1 if raw.instructions else 0,
     )
 
 
 # --- what cannot take effect here -------------------------------------------------------------
 
 
-def _refused_fields(raw: schema.ResponsesBody) -> None:
-    if raw.store:
-        raise _unsupported(
-            "store",
-            "'store' must be false or absent: this server keeps no responses (an answered "
-            "response cannot be retrieved later).",
+def _conversation_id(raw: schema.ResponsesBody) -> str | None:
+    """`conversation` as an id or {"id": ...}; it needs the turn kept, and excludes
+    previous_response_id (as in OpenAI's API)."""
+    value = raw.conversation
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        value = value.get("id") if set(value) == {"id"} else None
+    if not isinstance(value, str) or not value:
+        raise InvalidRequestError(
+            "'conversation' must be a conversation id or {\"id\": <id>}.",
+            INVALID_VALUE,
+            "conversation",
         )
     if raw.previous_response_id is not None:
-        raise _unsupported(
-            "previous_response_id",
-            "'previous_response_id' needs stored responses, which this server has not: send "
-            "the earlier turns in 'input' instead.",
-        )
-    if raw.conversation is not None:
-        raise _unsupported(
+        raise InvalidRequestError(
+            "'previous_response_id' and 'conversation' cannot be used together.",
+            INVALID_VALUE,
             "conversation",
-            "'conversation' needs stored conversations, which this server has not: send the "
-            "earlier turns in 'input' instead.",
         )
+    if raw.store is False:
+        raise InvalidRequestError(
+            "A response in a conversation is kept with it: 'store' cannot be false.",
+            INVALID_VALUE,
+            "store",
+        )
+    return value
+
+
+def _refused_fields(raw: schema.ResponsesBody) -> None:
     if raw.background:
         raise _unsupported(
             "background", "'background' responses need storage, which this server has not."

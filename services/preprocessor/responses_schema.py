@@ -4,7 +4,7 @@ As in openai_schema, every field a client may send is declared and an undeclared
 400 naming it. `input` items and `tools` are decoded one by one (responses_requests), since
 a message item may come without its `type` tag and a tool of another type deserves a
 "not supported" rather than a bad-tag error. Fields declared only to be refused by name
-(store, previous_response_id, ...) are checked in responses_requests.
+(background, include, ...) are checked in responses_requests.
 """
 
 from __future__ import annotations
@@ -183,10 +183,11 @@ class ResponsesBody(Struct, **_CONFIG):  # type: ignore[call-arg]
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     service_tier: str | None = None  # only auto / default
-    # Refused unless neutral (responses_requests says why).
+    # Stored state (stages/stored.py).
     store: bool | None = None
-    previous_response_id: str | None = None
+    previous_response_id: NonEmptyStr | None = None
     conversation: str | dict[str, Any] | None = None
+    # Refused unless neutral (responses_requests says why).
     background: bool | None = None
     include: list[str] | None = None
     truncation: Literal["auto", "disabled"] | None = None

@@ -137,6 +137,7 @@ class PreprocessorState:
             ),
             timer=StageTimer(self.metrics.stage_seconds) if cfg.stage_timing else None,
             tracing=self._tracing(),
+            storage=self.storage,
         )
         self.access_log = AccessLog(lambda: self.fleet.instances) if cfg.access_log else None
 

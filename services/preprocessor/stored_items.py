@@ -31,10 +31,14 @@ def new_id(kind: str) -> str:
     return f"{PREFIX[kind]}_{uuid.uuid4().hex}"
 
 
-def stored_items(given: str | list[Any], where: str = "input") -> list[dict[str, Any]]:
-    """A request's input -> the items kept for it (InvalidRequestError naming `where`)."""
+def stored_items(
+    given: str | list[Any], where: str = "input", checked: bool = False
+) -> list[dict[str, Any]]:
+    """A request's input -> the items kept for it (InvalidRequestError naming `where`).
+    `checked`: the input already went through input_messages (a parsed request's)."""
     items = [{"role": "user", "content": given}] if isinstance(given, str) else given
-    input_messages(items, where)  # every check the prompt would make, before anything is kept
+    if not checked:
+        input_messages(items, where)  # every check the prompt makes, before anything is kept
     return [_stored(item, f"{where}[{i}]") for i, item in enumerate(items)]
 
 

@@ -8,6 +8,7 @@ KV router predicted of each generation's cached prefix beside what the engine re
 
 from __future__ import annotations
 
+import functools
 import time
 
 from switchyard.preprocessor import sse
@@ -17,6 +18,7 @@ from switchyard.preprocessor.openai_requests import (
     EmbeddingRequest,
 )
 from switchyard.preprocessor.responses_requests import ResponsesRequest
+from switchyard.preprocessor.stages import stored
 from switchyard.preprocessor.stages.context import CHAT, RequestContext, Sink
 from switchyard.preprocessor.stages.responses import (
     ResponseCollectSink,
@@ -31,7 +33,9 @@ def sink_for(ctx: RequestContext) -> Sink:
     http = inp.http
     req = ctx.request
     if isinstance(req, ResponsesRequest):
-        head = ResponseHead(inp.request_id, req.model, inp.created, req.shown)
+        shown = {**req.shown, **stored.shown(ctx)}
+        keep = functools.partial(stored.keep, ctx)
+        head = ResponseHead(stored.response_id(ctx), req.model, inp.created, shown, keep)
         return ResponseStreamSink(http, head) if req.stream else ResponseCollectSink(http, head)
     assert not isinstance(req, EmbeddingRequest)  # embeddings answer in the embed stages
     chat = inp.endpoint == CHAT

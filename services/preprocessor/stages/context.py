@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from switchyard.preprocessor.stages.choice import ChoiceOutput
     from switchyard.preprocessor.stages.generation import Generation
     from switchyard.preprocessor.stages.sinks import Usage
+    from switchyard.preprocessor.storage.service import Storage
     from switchyard.preprocessor.tracing import Trace, Tracing
 
 CHAT = "chat_completions"
@@ -122,6 +123,7 @@ class Deps:
     timer: StageTimer | None = None  # --stage-timing: a benchmark mode
     tracing: Tracing | None = None  # --otlp-endpoint: OpenTelemetry spans per request
     shutdown: Shutdown = field(default_factory=Shutdown)  # every running request's watchdog
+    storage: Storage | None = None  # stored responses and conversations (None: --store none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +141,7 @@ class RequestInput:
     session_id: str | None = None  # the x-session-id header
     timeout: float = 0.0  # the request's deadline, seconds after `received` (0: none)
     created: int = field(default_factory=lambda: int(time.time()))  # the answer's `created`
+    tenant: str = ""  # whose stored objects it may read and keep (auth.tenant_of)
 
     @property
     def engine_id(self) -> str:
@@ -178,6 +181,7 @@ class RequestState:
     error: str = ""  # the error code of a failed request (in a stream too)
     trace: Trace | None = None  # tracing on: the request's spans
     extra: dict[str, Any] = field(default_factory=dict)
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)  # added to the answer's
 
 
 @dataclass(slots=True)

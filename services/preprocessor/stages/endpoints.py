@@ -1,7 +1,8 @@
 """Each endpoint's stages, in order, built in this one place, and `serve`, which runs them.
 
     chat:         parse, model, template, outputs, tokenize, check, generate, stream, finish
-    responses:    parse, model, template, outputs, tokenize, check, generate, stream, finish
+    responses:    parse, history, model, template, outputs, tokenize, check, generate, stream,
+                  finish
     completions:  parse, model,                    tokenize, check, generate, stream, finish
     embeddings:   parse, model,                    tokenize,        embed,           finish
 
@@ -11,7 +12,9 @@
 the answer's sink; `stream` runs the token loop and migrates what fails (lifecycle.py);
 `finish` writes the answer's end, usage and metrics (answer.py). The Responses API is chat's
 stages with its own parse (its request as the chat request it amounts to,
-responses_requests) and its own sinks (responses.py), its errors renamed to its fields.
+responses_requests), `history` (the stored context of previous_response_id or a
+conversation, read before any engine work: stored.py) and its own sinks (responses.py,
+which keep the response at its end), its errors renamed to its fields.
 Every failure becomes an OpenAI-shaped error here: an HTTP status before the first byte of
 the answer, an error event inside a stream after it.
 """
@@ -31,7 +34,7 @@ from switchyard.preprocessor.openai_requests import (
     parse_embeddings,
 )
 from switchyard.preprocessor.responses_requests import parse_responses, responses_error
-from switchyard.preprocessor.stages import answer, embed, lifecycle, prompt
+from switchyard.preprocessor.stages import answer, embed, lifecycle, prompt, stored
 from switchyard.preprocessor.stages.context import (
     CHAT,
     COMPLETIONS,
@@ -72,6 +75,7 @@ def parse(ctx: RequestContext) -> None:
 
 
 PARSE = Stage("parse", parse)
+HISTORY = Stage("history", stored.history)
 MODEL = Stage("model", prompt.resolve_model)
 TEMPLATE = Stage("template", prompt.render_template)
 OUTPUTS = Stage("outputs", prompt.outputs)
@@ -83,7 +87,18 @@ FINISH = Stage("finish", answer.finish)
 
 PIPELINES: dict[str, tuple[Stage, ...]] = {
     CHAT: (PARSE, MODEL, TEMPLATE, OUTPUTS, TOKENIZE, CHECK, GENERATE, STREAM, FINISH),
-    RESPONSES: (PARSE, MODEL, TEMPLATE, OUTPUTS, TOKENIZE, CHECK, GENERATE, STREAM, FINISH),
+    RESPONSES: (
+        PARSE,
+        HISTORY,
+        MODEL,
+        TEMPLATE,
+        OUTPUTS,
+        TOKENIZE,
+        CHECK,
+        GENERATE,
+        STREAM,
+        FINISH,
+    ),
     COMPLETIONS: (PARSE, MODEL, TOKENIZE, CHECK, GENERATE, STREAM, FINISH),
     EMBEDDINGS: (
         PARSE,
@@ -135,6 +150,7 @@ def new_request(
     session_id: str | None = None,
     timeout: float = 0.0,
     path: str = "",
+    tenant: str = "",
 ) -> RequestContext:
     """A request's context, before its body is read (its id minted unless given).
     `timeout`: its deadline, seconds after `received` (0: none)."""
@@ -148,6 +164,7 @@ def new_request(
             engine_prefix=engine_prefix,
             session_id=session_id,
             timeout=timeout,
+            tenant=tenant,
         ),
         deps,
     )

@@ -18,13 +18,16 @@ max_output_tokens cut the output. Nothing is written before the first output, so
 that fails before it gets an HTTP error status, as in chat; a failure after it is a
 response.failed event. Every frame has its `event:` line and a `sequence_number`.
 `ResponseCollectSink` answers once with the whole response object: the reasoning item, the
-message (omitted when the output is only tool calls) and the calls.
+message (omitted when the output is only tool calls) and the calls. A kept response
+(stages/stored) is written before the last frame goes out; a stream that fails after it
+started is kept as failed.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -34,6 +37,7 @@ from switchyard.preprocessor.parsers import ParsedDelta, ToolCallDelta
 from switchyard.preprocessor.stages.choice import ChoiceOutput
 from switchyard.preprocessor.stages.context import HttpOut
 from switchyard.preprocessor.stages.sinks import SseBody, Usage
+from switchyard.preprocessor.storage.errors import StoreUnavailable
 
 MESSAGE, REASONING, CALL = "message", "reasoning", "function_call"
 _PREFIX = {MESSAGE: "msg", REASONING: "rs", CALL: "fc"}
@@ -54,16 +58,33 @@ def usage_dict(usage: Usage) -> dict[str, Any]:
     }
 
 
+# Keeps the final response object before its last frame goes out (stages/stored.keep):
+# (body, headers already sent) -> the stored encoding when the body went in unchanged.
+Keep = Callable[[dict[str, Any], bool], Awaitable[bytes | None]]
+
+
 class ResponseHead:
-    """What every response object of one request shares: id, model, time, echoed params."""
+    """What every response object of one request shares: id, model, time, echoed params,
+    and where it is kept (None: nowhere)."""
 
-    __slots__ = ("id", "model", "created_at", "shown")
+    __slots__ = ("id", "model", "created_at", "shown", "keep")
 
-    def __init__(self, response_id: str, model: str, created_at: int, shown: dict[str, Any]):
+    def __init__(
+        self,
+        response_id: str,
+        model: str,
+        created_at: int,
+        shown: dict[str, Any],
+        keep: Keep | None = None,
+    ):
         self.id = response_id
         self.model = model
         self.created_at = created_at
         self.shown = shown
+        self.keep = keep
+
+    async def kept(self, body: dict[str, Any], started: bool) -> bytes | None:
+        return await self.keep(body, started) if self.keep is not None else None
 
     def body(
         self,
@@ -85,7 +106,7 @@ class ResponseHead:
             "model": self.model,
             "output": output,
             "previous_response_id": None,
-            "store": False,  # nothing is kept: GET /v1/responses/{id} is a 404
+            "store": False,  # `shown` says otherwise when the response is kept
             "truncation": "disabled",
             "max_tool_calls": None,
             "top_logprobs": 0,
@@ -308,6 +329,7 @@ class ResponseStreamSink(SseBody):
         self._close()
         status = "incomplete" if self._incomplete else "completed"
         body = self._head.body(status, self._items, usage)
+        await self._head.kept(body, True)  # before the last frame: a chained turn finds it
         self._event(f"response.{status}", {"response": body})
         await self._last()
 
@@ -320,6 +342,10 @@ class ResponseStreamSink(SseBody):
             return False
         self._delta()
         body = self._head.body("failed", self._items, error=failure(err))
+        try:
+            await self._head.kept(body, True)
+        except StoreUnavailable:
+            body["store"] = False  # the failure is what the client hears about
         self._event("response.failed", {"response": body})
         await self._last()
         return True
@@ -379,7 +405,9 @@ class ResponseCollectSink:
     async def end(self, choices: list[ChoiceOutput], usage: Usage) -> None:
         (choice,) = choices  # the Responses API has no n
         status, items = self.output(choice)
-        await self._http.respond(200, orjson.dumps(self._head.body(status, items, usage)))
+        body = self._head.body(status, items, usage)
+        encoded = await self._head.kept(body, False)
+        await self._http.respond(200, encoded or orjson.dumps(body))
 
     async def fail(self, err: RequestError) -> bool:
         return False

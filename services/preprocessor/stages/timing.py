@@ -14,6 +14,7 @@ from switchyard.common.loop_histogram import HistogramSeries, LoopHistogram
 
 STAGES = (
     "parse",
+    "history",
     "model",
     "template",
     "outputs",

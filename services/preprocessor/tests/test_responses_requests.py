@@ -212,9 +212,10 @@ class TestRefusals:
     @pytest.mark.parametrize(
         "fields,param",
         [
-            ({"store": True}, "store"),
-            ({"previous_response_id": "resp_1"}, "previous_response_id"),
-            ({"conversation": "conv_1"}, "conversation"),
+            ({"previous_response_id": ""}, "previous_response_id"),
+            ({"conversation": {"id": "conv_1", "x": 1}}, "conversation"),
+            ({"conversation": "conv_1", "previous_response_id": "resp_1"}, "conversation"),
+            ({"conversation": "conv_1", "store": False}, "store"),
             ({"background": True}, "background"),
             ({"include": ["reasoning.encrypted_content"]}, "include"),
             ({"truncation": "auto"}, "truncation"),
@@ -236,6 +237,17 @@ class TestRefusals:
     )  # fmt: skip
     def test_named(self, fields, param):
         assert refused(**fields).param == param
+
+    def test_state_fields_are_carried(self):
+        """store, previous_response_id and conversation take effect in stages/stored."""
+        req = parse_responses(
+            b'{"model": "m", "input": "hi", "instructions": "be brief", "store": true, '
+            b'"previous_response_id": "resp_1"}'
+        )
+        assert (req.store, req.previous_response_id, req.conversation) == (True, "resp_1", None)
+        assert req.head == 1 and req.input == "hi"
+        req = parse_responses(b'{"model": "m", "input": "hi", "conversation": {"id": "conv_1"}}')
+        assert (req.store, req.conversation, req.head) == (None, "conv_1", 0)
 
     def test_missing_input(self):
         with pytest.raises(InvalidRequestError) as info:
