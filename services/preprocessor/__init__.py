@@ -6,5 +6,6 @@ Responses API's); stages/ (the request path, see its docstring); chat_template, 
 prompt_encoder, detokenizer, stop_strings, sse (response bytes); router_client,
 dispatcher_client, reply_queue, prefill_hop; parsers/ (tool calls, reasoning); request_ids
 (X-Request-Id), access_log (one line per request), tracing (OpenTelemetry, imported only when
-on); state, catalog, metrics, cli.
+on); storage/ (the response store), stored_responses and conversations (their routes),
+stored_items and object_pages (their items and list pages); state, catalog, metrics, cli.
 """

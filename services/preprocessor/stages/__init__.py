@@ -2,5 +2,6 @@
 
 Layout: context (contracts), endpoints (stage lists, serve), prompt, fanout, lifecycle (the
 attempt state machine), migration (the policy), generation, token_loop (hot path), choice,
-answer, sinks, responses, embed, watchdog, timing, logprobs.
+answer, sinks, responses, stored (the Responses API's kept state), embed, watchdog, timing,
+logprobs.
 """
