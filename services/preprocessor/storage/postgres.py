@@ -156,11 +156,12 @@ class PostgresStore:
         appended: Sequence[StoredItem] = (),
         touch: float | None = None,
     ) -> bool:
+        conversation = response.conversation_id
+        if conversation is None:  # one statement: one round trip, its own transaction
+            await self._execute(INSERT_RESPONSE, *response.row())
+            return True
         async with self._transaction() as conn:
             await conn.execute(INSERT_RESPONSE, *response.row())
-            conversation = response.conversation_id
-            if conversation is None:
-                return True
             if await conn.fetchrow(OWNED, conversation, response.tenant) is None:
                 return False
             await _append(conn, conversation, appended, touch)

@@ -186,6 +186,10 @@ class SqliteStore:
             _append(conn, conversation, appended, touch)
             return True
 
+        if response.conversation_id is None:  # one statement: its own transaction
+            row = response.row()
+            await self._run(lambda conn: conn.execute(sql.INSERT_RESPONSE, row))
+            return True
         return await self._run(self._write, put)
 
     async def get_response(
