@@ -30,7 +30,7 @@ import orjson
 
 from switchyard.preprocessor import request_ids
 from switchyard.preprocessor.conversations import conversation_not_found, encode_items
-from switchyard.preprocessor.errors import InvalidRequestError
+from switchyard.preprocessor.errors import INVALID_VALUE, InvalidRequestError
 from switchyard.preprocessor.responses_requests import ResponsesRequest, input_messages
 from switchyard.preprocessor.stages.context import RequestContext
 from switchyard.preprocessor.storage.errors import StoreUnavailable
@@ -48,8 +48,8 @@ class Kept:
     """What a kept response needs at its end."""
 
     response_id: str
-    prior: list[dict[str, Any]]  # the stored context it was given
-    own: list[dict[str, Any]]  # its input items, with ids
+    input_items: bytes  # the stored context it was given, then its own input (JSON)
+    own: list[dict[str, Any]]  # its input items, for its conversation (else none)
 
 
 def _previous_not_found(response_id: str) -> InvalidRequestError:
@@ -108,10 +108,19 @@ async def history(ctx: RequestContext) -> None:
         ctx.state.extra["shown"] = {"store": False, **ctx.state.extra.get("shown", {})}
         return
     own = stored_items(req.input, checked=True)
+    items = orjson.dumps(prior + own)
+    if len(items) > storage.config.max_bytes:
+        raise InvalidRequestError(
+            f"This response's input items ({len(items)} bytes with the stored context) are "
+            f"more than this server keeps ({storage.config.max_bytes}): send 'store': false.",
+            INVALID_VALUE,
+            "input",
+        )
     response_id = ctx.inp.request_id
-    if not response_id.startswith("resp_"):  # a client's X-Request-Id: ids must be unique
+    if ctx.inp.engine_prefix:  # the client's X-Request-Id: a stored id must be unique
         response_id = request_ids.mint("resp_")
-    ctx.state.extra[KEY] = Kept(response_id, prior, own)
+    own_items = own if req.conversation else []
+    ctx.state.extra[KEY] = Kept(response_id, items, own_items)
 
 
 async def _context(ctx: RequestContext, req: ResponsesRequest) -> list[dict[str, Any]]:
@@ -170,7 +179,7 @@ async def keep(ctx: RequestContext, body: dict[str, Any], started: bool) -> byte
         body["status"],
         body["model"],
         encoded,
-        orjson.dumps(kept.prior + kept.own),
+        kept.input_items,
         req.previous_response_id,
         req.conversation,
     )

@@ -138,7 +138,9 @@ def add_store_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAX_BYTES,
         metavar="N",
         help="the largest response kept (its input items and output, as JSON): a request "
-        "whose input alone is larger gets 400 unless it sets store: false (default 16 MiB)",
+        "whose input items alone are larger gets 400 unless it sets store: false, one whose "
+        "output takes it past is answered unstored; also the largest Conversations API body "
+        "(default 16 MiB)",
     )
     group.add_argument(
         "--store-timeout",

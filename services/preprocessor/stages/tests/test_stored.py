@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from switchyard.common import errors
+from switchyard.preprocessor.stages import endpoints
 from switchyard.preprocessor.stages.context import RESPONSES
 from switchyard.preprocessor.stages.tests.fakes import (
     MODEL,
@@ -94,6 +95,18 @@ class TestKept:
         assert kept is not None and orjson.loads(kept.body) == answer
         assert [i["role"] for i in orjson.loads(kept.input_items)] == ["user"]
 
+    async def test_a_clients_request_id_is_not_the_stored_id(self, bundle, storage):
+        """Stored ids must be unique across keys: X-Request-Id stays the header's only."""
+        d, _ = stack(bundle, storage)
+        http = FakeHttp()
+        ctx = endpoints.new_request(
+            d, RESPONSES, http, request_id="resp_mine", engine_prefix="resp_mine-1a2b"
+        )
+        assert await endpoints.serve(ctx, body()) == 200
+        rid = http.json()["id"]
+        assert rid != "resp_mine" and rid.startswith("resp_")
+        assert await storage.get_response(TENANT, rid) is not None
+
     async def test_store_false_writes_nothing(self, bundle, storage, tmp_path):
         d, _ = stack(bundle, storage)
         _, http = await run(d, body(store=False, input="unmistakable-4c1d"))
@@ -119,13 +132,20 @@ class TestKept:
         assert kept is not None and kept.status == "failed"
         assert orjson.loads(kept.body)["error"]["code"] == "server_error"
 
-    async def test_over_the_size_cap_is_answered_unstored(self, bundle, tmp_path):
+    async def test_over_the_size_cap(self, bundle, tmp_path):
+        """Input items over the cap: 400 up front (unless store: false); an output that takes
+        the response over it: answered, not kept."""
         config = StoreConfig(data_dir=tmp_path, max_bytes=600)
         small = Storage(SqliteStore(config.sqlite_path), config)
         await small.start()
         try:
-            d, _ = stack(bundle, small)
+            d, dispatcher = stack(bundle, small)
             status, http = await run(d, body(input="x" * 700))
+            assert status == 400 and http.json()["error"]["param"] == "input"
+            assert dispatcher.requests == []
+            status, http = await run(d, body(input="x" * 700, store=False))
+            assert status == 200
+            status, http = await run(d, body())  # its items fit; with the body they do not
             assert status == 200 and http.json()["store"] is False
             assert await small.get_response(TENANT, http.json()["id"]) is None
         finally:
