@@ -163,6 +163,9 @@ class RouteRequest(msgspec.Struct, frozen=True, kw_only=True, tag="route"):
     # The engine is asked for one final message (the client does not stream) unless a prefill
     # hop is picked: no first token will time its prefill.
     whole: bool = False
+    # Request fields only some engine protocols can honour (switchyard.common.capabilities):
+    # only engines that can take it (router filter `capable`).
+    requires: list[str] = []
 
 
 class WorkerScore(msgspec.Struct, frozen=True, kw_only=True):

@@ -210,6 +210,7 @@ async def _debug_route(
                 token_ids=prompt_ids,
                 dry_run=True,
                 session_id=ctx.state.session_id,
+                requires=list(ctx.state.requires),
             ),
             state.config.route_timeout,
         )
@@ -223,6 +224,7 @@ async def _debug_route(
         orjson.dumps(
             {
                 "policy": reply.policy,
+                "requires": list(ctx.state.requires),
                 "prompt_tokens": len(prompt_ids),
                 "prompt_blocks": reply.prompt_blocks,
                 "chosen": {

@@ -4,8 +4,8 @@ JSON file (`--routing-config`). Anything unknown or out of range raises ValueErr
 File format (every key optional; an omitted profile or list takes the mode's preset):
 
     decode:                       # the profile that picks the worker of a whole request
-      filters: [same_model, not_excluded, serves_requests, prefill_reachable, not_busy,
-                has_capacity]
+      filters: [same_model, capable, not_excluded, serves_requests, prefill_reachable,
+                not_busy, has_capacity]
       scorers:
         - {name: predicted_ttft, weight: 1}
         - {name: session_affinity, weight: 2, ttl_s: 600}
@@ -37,16 +37,24 @@ T = TypeVar("T")
 
 DECODE_FILTERS = (
     "same_model",
+    "capable",
     "not_excluded",
     "serves_requests",
     "prefill_reachable",
     "not_busy",
     "has_capacity",
 )
-PREFILL_FILTERS = ("same_model", "not_excluded", "prefill_role", "same_protocol", "not_busy")
+PREFILL_FILTERS = (
+    "same_model",
+    "capable",
+    "not_excluded",
+    "prefill_role",
+    "same_protocol",
+    "not_busy",
+)
 _REQUIRED = {
-    "decode": ("same_model", "serves_requests"),
-    "prefill": ("same_model", "prefill_role", "same_protocol"),
+    "decode": ("same_model", "capable", "serves_requests"),
+    "prefill": ("same_model", "capable", "prefill_role", "same_protocol"),
 }
 
 

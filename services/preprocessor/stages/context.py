@@ -163,6 +163,8 @@ class RequestState:
     prompt_ids: list[list[int]] = field(default_factory=list)
     param: str = "messages"  # the request field the prompt came from (for errors)
     sampling: SamplingParams | None = None
+    # Fields only some engines can honour (`seed`): routed to those (RouteRequest.requires).
+    requires: tuple[str, ...] = ()
     logprobs: int | None = None  # alternatives per output token asked of the engine
     top_logprobs: int = 0  # alternatives per token the client gets (chat)
     reasoning: bool = False  # the output starts in the model's reasoning

@@ -85,6 +85,7 @@ async def route(
         exclude=placement.exclude,
         session_id=ctx.state.session_id,
         whole=whole,
+        requires=list(ctx.state.requires),
     )
     reply = await route_around(deps.router, request, deps.limits.route_timeout, placement.refused)
     if reply.policy == FALLBACK_POLICY:

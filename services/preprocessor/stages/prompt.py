@@ -8,14 +8,16 @@
   tokenized in full (prompt_encoder); a completions text prompt gets the tokenizer's own
   special tokens (a Llama BOS), as vLLM adds them; client-given ids are checked against the
   vocabulary.
-- `check`: the exact context-length check and the engine-neutral sampling parameters, with
-  the fields only some engine protocols can honour checked against the model's engines.
+- `check`: the exact context-length check and the engine-neutral sampling parameters; a
+  field only some engine protocols can honour (`seed`) is required of the route, and refused
+  only when none of the model's engines can honour it.
 """
 
 from __future__ import annotations
 
 import msgspec
 
+from switchyard.common.capabilities import SEED
 from switchyard.preprocessor.errors import (
     CONTEXT_LENGTH_EXCEEDED,
     INVALID_VALUE,
@@ -35,7 +37,7 @@ from switchyard.preprocessor.openai_requests import (
 from switchyard.preprocessor.parsers import tool_choice_constraint
 from switchyard.preprocessor.prompt_encoder import PromptTooLong
 from switchyard.preprocessor.stages.context import RequestContext
-from switchyard.protos.messages import PROTOCOL_SGLANG, Constraint, SamplingParams
+from switchyard.protos.messages import Constraint, SamplingParams
 
 
 def resolve_model(ctx: RequestContext) -> None:
@@ -210,16 +212,14 @@ def check(ctx: RequestContext) -> None:
                 "logit_bias",
             )
     if opts.seed is not None:
-        protocols = {i.protocol for i in ctx.deps.instances().values() if i.model == req.model}
-        if PROTOCOL_SGLANG in protocols:
-            # Refused whatever engine a request would land on, so the answer never depends on
-            # the routing: SGLang's gRPC SamplingParams has no seed.
+        if SEED not in state.entry.capabilities:
             raise InvalidRequestError(
-                f"'seed' is not supported for model {req.model!r}: some of its engines are "
-                "SGLang engines, whose gRPC API takes no seed.",
+                f"'seed' is not supported for model {req.model!r}: its engines are SGLang "
+                "engines, whose gRPC API takes no seed.",
                 UNSUPPORTED_VALUE,
                 "seed",
             )
+        state.requires = (SEED,)  # only vLLM engines (router filter `capable`)
     constraint = state.extra.get("constraint") or opts.constraint
     state.sampling = sampling_params(opts, max_tokens, constraint)
     if isinstance(req, ChatCompletionRequest):

@@ -2,8 +2,9 @@
 Picker); `PLUGINS` is the registry (one line per plugin) and `build_profile` makes a
 framework Profile from validated config.
 
-Layout: filters `same_model`, `not_excluded`, `serves_requests`, `prefill_reachable`,
-`local_prefill`, `not_busy`, `has_capacity`, `prefill_role`, `same_protocol`; scorers
+Layout: filters `same_model`, `capable`, `not_excluded`, `serves_requests`,
+`prefill_reachable`, `local_prefill`, `not_busy`, `has_capacity`, `prefill_role`,
+`same_protocol`; scorers
 `predicted_ttft`, `kv_overlap`, `inflight_load`, `engine_load`, `session_affinity`,
 `consistent_hash`; pickers `max_score`, `weighted_random`, `round_robin`, `random_choice`.
 
@@ -18,6 +19,7 @@ from typing import Any
 
 from switchyard.router.config import PluginConfig, ProfileConfig, parse_params
 from switchyard.router.framework import PluginStats, Profile
+from switchyard.router.policies.capable import Capable
 from switchyard.router.policies.consistent_hash import ConsistentHash
 from switchyard.router.policies.engine_load import EngineLoadScorer
 from switchyard.router.policies.has_capacity import HasCapacity
@@ -41,6 +43,7 @@ from switchyard.router.types import Filter, Picker, PluginDeps, Scorer
 
 FILTERS: dict[str, type] = {
     "same_model": SameModel,
+    "capable": Capable,
     "not_excluded": NotExcluded,
     "serves_requests": ServesRequests,
     "prefill_reachable": PrefillReachable,
@@ -67,7 +70,7 @@ PICKERS: dict[str, type] = {
 PLUGINS = {"filter": FILTERS, "scorer": SCORERS, "picker": PICKERS}
 
 # Filters the preprocessor's fallback applies when no router answers (no prefill hop there).
-FALLBACK_FILTERS = ("same_model", "not_excluded", "serves_requests", "local_prefill")
+FALLBACK_FILTERS = ("same_model", "capable", "not_excluded", "serves_requests", "local_prefill")
 
 
 def build_plugin(kind: str, config: PluginConfig, deps: PluginDeps) -> Any:

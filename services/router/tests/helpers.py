@@ -45,6 +45,7 @@ def req(
     session: str | None = None,
     exclude: list[int] | None = None,
     model: str = "m",
+    requires: list[str] | None = None,
 ) -> RouteRequest:
     return RouteRequest(
         request_id=rid,
@@ -53,6 +54,7 @@ def req(
         dry_run=dry_run,
         session_id=session,
         exclude=exclude or [],
+        requires=requires or [],
     )
 
 
