@@ -149,6 +149,28 @@ class TokenizerLoadError(Exception):
     """A tokenizer folder or zip is missing files, malformed, or unsafe to unpack."""
 
 
+def renamed(
+    err: RequestError,
+    names: dict[str, str],
+    words: tuple[tuple[str, str], ...] = (),
+) -> RequestError:
+    """A shared stage's error naming a chat field (`messages[2].content`), in the words of
+    the API the request came in: `names` maps chat's top-level field to that API's (a list
+    index is dropped with it: another API's indexes differ), `words` rewrites the message."""
+    param = err.param
+    if param is None:
+        return err
+    head = param.split("[", 1)[0].split(".", 1)[0]
+    new = names.get(head)
+    if new is None:
+        return err
+    message = err.message.replace(f"'{head}'", f"'{new}'")
+    for old, replacement in words:
+        message = message.replace(old, replacement)
+    new_param = new if param[len(head) : len(head) + 1] == "[" else new + param[len(head) :]
+    return RequestError(err.status, message, err.type, err.code, new_param)
+
+
 ENGINE_REJECTED = "engine_rejected"
 
 

@@ -329,6 +329,20 @@ def _decode(decoder: msgspec.json.Decoder, body: bytes) -> Any:
         ) from None
 
 
+def convert_at(value: Any, kind: type, where: str) -> Any:
+    """One part of a body (a content block, a tool) decoded into its Struct, errors named
+    from the body's root (`where`: its path there)."""
+    try:
+        return msgspec.convert(value, kind)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        if "`$" in text:
+            text = text.replace("`$", f"`$.{where}", 1)
+        else:
+            text += f" - at `$.{where}`"
+        raise _validation_error(text) from None
+
+
 def _join(path: str, field: str) -> str:
     return f"{path}.{field}" if path else field
 

@@ -46,13 +46,14 @@ from .errors import (
     UNSUPPORTED_VALUE,
     InvalidRequestError,
     RequestError,
+    renamed,
 )
 from .openai_requests import (
     ChatCompletionRequest,
     SamplingOptions,
     _decode,
     _tool_choice,
-    _validation_error,
+    convert_at,
     free_json_text,
 )
 
@@ -217,19 +218,6 @@ def _unsupported(param: str, message: str) -> InvalidRequestError:
 # --- input items -> chat messages ----------------------------------------------------------------
 
 
-def convert_item(value: Any, kind: type, where: str) -> Any:
-    """One part of the body decoded into its Struct, errors named from the body's root."""
-    try:
-        return msgspec.convert(value, kind)
-    except msgspec.ValidationError as exc:
-        text = str(exc)
-        if "`$" in text:
-            text = text.replace("`$", f"`$.{where}", 1)
-        else:
-            text += f" - at `$.{where}`"
-        raise _validation_error(text) from None
-
-
 def _text(parts: str | list[Any], where: str) -> str:
     if isinstance(parts, str):
         return parts
@@ -261,7 +249,7 @@ def input_messages(items: list[Any], base: str = "input") -> list[dict[str, Any]
             )
         kind = item.get("type", "message")
         if kind == "message":
-            msg = convert_item(item, schema.MessageItem, where)
+            msg = convert_at(item, schema.MessageItem, where)
             message: dict[str, Any] = {
                 "role": msg.role,
                 "content": _text(msg.content, f"{where}.content"),
@@ -274,7 +262,7 @@ def input_messages(items: list[Any], base: str = "input") -> list[dict[str, Any]
                 last_assistant = message
             messages.append(message)
         elif kind == "function_call":
-            call = convert_item(item, schema.FunctionCallItem, where)
+            call = convert_at(item, schema.FunctionCallItem, where)
             names[call.call_id] = call.name
             if last_assistant is None:
                 last_assistant = {"role": "assistant"}
@@ -290,7 +278,7 @@ def input_messages(items: list[Any], base: str = "input") -> list[dict[str, Any]
                 }
             )
         elif kind == "function_call_output":
-            out = convert_item(item, schema.FunctionCallOutputItem, where)
+            out = convert_at(item, schema.FunctionCallOutputItem, where)
             tool: dict[str, Any] = {
                 "role": "tool",
                 "content": _text(out.output, f"{where}.output"),
@@ -301,7 +289,7 @@ def input_messages(items: list[Any], base: str = "input") -> list[dict[str, Any]
             messages.append(tool)
             last_assistant = None
         elif kind == "reasoning":
-            thought = convert_item(item, schema.ReasoningItem, where)
+            thought = convert_at(item, schema.ReasoningItem, where)
             if thought.encrypted_content is not None:
                 raise _unsupported(
                     f"{where}.encrypted_content",
@@ -337,7 +325,7 @@ def _function_def(raw: Any, i: int) -> schema.FunctionToolDef:
             UNSUPPORTED_VALUE,
             f"{where}.type",
         )
-    tool: schema.FunctionToolDef = convert_item(raw, schema.FunctionToolDef, where)
+    tool: schema.FunctionToolDef = convert_at(raw, schema.FunctionToolDef, where)
     free_json_text(tool.parameters, f"{where}.parameters")  # the response object echoes it
     return tool
 
@@ -399,23 +387,9 @@ _RENAMED = {
     "reasoning_effort": "reasoning.effort",
     "max_tokens": "max_output_tokens",
 }
+_WORDS = (("your messages", "your input"), ("the messages", "the input"))
 
 
 def responses_error(err: RequestError) -> RequestError:
     """A shared stage's error naming a chat field, renamed to the Responses field."""
-    param = err.param
-    if param is None:
-        return err
-    head = param.split("[", 1)[0].split(".", 1)[0]
-    new = _RENAMED.get(head)
-    if new is None:
-        return err
-    message = err.message.replace(f"'{head}'", f"'{new}'")
-    if head == "messages":
-        message = message.replace("your messages", "your input").replace(
-            "the messages", "the input"
-        )
-        new_param = new  # message indexes do not match input indexes (instructions)
-    else:
-        new_param = new + param[len(head) :]
-    return RequestError(err.status, message, err.type, err.code, new_param)
+    return renamed(err, _RENAMED, _WORDS)

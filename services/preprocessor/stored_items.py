@@ -22,7 +22,8 @@ import msgspec
 
 from . import responses_schema as schema
 from .errors import INVALID_TYPE, InvalidRequestError
-from .responses_requests import convert_item, input_messages
+from .openai_requests import convert_at
+from .responses_requests import input_messages
 
 PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
 
@@ -45,7 +46,7 @@ def stored_items(
 def _stored(item: dict[str, Any], where: str) -> dict[str, Any]:
     kind = item.get("type", "message")
     if kind == "message":
-        msg: schema.MessageItem = convert_item(item, schema.MessageItem, where)
+        msg: schema.MessageItem = convert_at(item, schema.MessageItem, where)
         out: dict[str, Any] = {
             "id": new_id(kind),
             "type": kind,
@@ -57,7 +58,7 @@ def _stored(item: dict[str, Any], where: str) -> dict[str, Any]:
             out["phase"] = msg.phase
         return out
     if kind == "function_call":
-        call: schema.FunctionCallItem = convert_item(item, schema.FunctionCallItem, where)
+        call: schema.FunctionCallItem = convert_at(item, schema.FunctionCallItem, where)
         return {
             "id": new_id(kind),
             "type": kind,
@@ -67,7 +68,7 @@ def _stored(item: dict[str, Any], where: str) -> dict[str, Any]:
             "arguments": call.arguments,
         }
     if kind == "function_call_output":
-        result: schema.FunctionCallOutputItem = convert_item(
+        result: schema.FunctionCallOutputItem = convert_at(
             item, schema.FunctionCallOutputItem, where
         )
         output = result.output
@@ -79,7 +80,7 @@ def _stored(item: dict[str, Any], where: str) -> dict[str, Any]:
             "output": output if isinstance(output, str) else msgspec.to_builtins(output),
         }
     if kind == "reasoning":
-        thought: schema.ReasoningItem = convert_item(item, schema.ReasoningItem, where)
+        thought: schema.ReasoningItem = convert_at(item, schema.ReasoningItem, where)
         return {
             "id": new_id(kind),
             "type": kind,

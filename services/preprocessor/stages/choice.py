@@ -104,6 +104,12 @@ class ChoiceOutput:
                 self.done = True
         return text
 
+    @property
+    def stop_sequence(self) -> str | None:
+        """The stop string that ended the choice, if one did."""
+        stop = self._stop
+        return stop.matched if stop is not None and stop.stopped else None
+
     def replay(self) -> None:
         """The output so far is to come again from the start of a new engine request."""
         self.replay_at = 0 if self.generated else -1

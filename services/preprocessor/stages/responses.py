@@ -36,7 +36,7 @@ from switchyard.preprocessor.errors import RequestError
 from switchyard.preprocessor.parsers import ParsedDelta, ToolCallDelta
 from switchyard.preprocessor.stages.choice import ChoiceOutput
 from switchyard.preprocessor.stages.context import HttpOut
-from switchyard.preprocessor.stages.sinks import SseBody, Usage
+from switchyard.preprocessor.stages.sinks import PartStream, Usage
 from switchyard.preprocessor.storage.errors import StoreUnavailable
 
 MESSAGE, REASONING, CALL = "message", "reasoning", "function_call"
@@ -196,15 +196,15 @@ class _Item:
         return self.done("in_progress")
 
 
-class ResponseStreamSink(SseBody):
-    __slots__ = ("_head", "_seq", "_item", "_pending", "_items", "_announced", "_incomplete")
+class ResponseStreamSink(PartStream):
+    __slots__ = ("_head", "_seq", "_items", "_announced", "_incomplete")
+
+    TEXT, REASONING, CALL = MESSAGE, REASONING, CALL
 
     def __init__(self, http: HttpOut, head: ResponseHead) -> None:
         super().__init__(http)
         self._head = head
         self._seq = 0
-        self._item: _Item | None = None
-        self._pending: list[str] = []  # the open item's text not yet in a delta event
         self._items: list[dict[str, Any]] = []  # finished output items
         self._announced = False  # response.created went out
         self._incomplete = False  # max_output_tokens cut the output
@@ -225,7 +225,7 @@ class ResponseStreamSink(SseBody):
 
     def _delta(self) -> None:
         pending = self._pending
-        item = self._item
+        item = self._part
         if not pending or item is None:
             return
         text = pending[0] if len(pending) == 1 else "".join(pending)
@@ -242,7 +242,8 @@ class ResponseStreamSink(SseBody):
     def _open(self, kind: str, call: ToolCallDelta | None = None) -> _Item:
         self._announce()
         self._close()
-        item = self._item = _Item(kind, len(self._items), call)
+        item = _Item(kind, len(self._items), call)
+        self._opened(item)
         self._event(
             "response.output_item.added", {"output_index": item.index, "item": item.added()}
         )
@@ -256,7 +257,7 @@ class ResponseStreamSink(SseBody):
         return item
 
     def _close(self, status: str = "completed") -> None:
-        item = self._item
+        item = self._part
         if item is None:
             return
         self._delta()
@@ -279,45 +280,13 @@ class ResponseStreamSink(SseBody):
             self._event("response.content_part.done", {**self._part_fields(item), "part": part})
         self._event("response.output_item.done", {"output_index": item.index, "item": done})
         self._items.append(done)
-        self._item = None
+        self._closed()
 
-    def _add(self, kind: str, text: str) -> None:
-        item = self._item
-        if item is None or item.kind != kind:
-            item = self._open(kind)
-        item.parts.append(text)
-        self._pending.append(text)
-
-    # --- the token loop's calls -------------------------------------------------------------
-
-    def content(self, choice: ChoiceOutput, text: str) -> None:
-        self._add(MESSAGE, text)
-
-    def echo(self, choice: ChoiceOutput) -> None:
-        choice.echoed = True  # completions only
-
-    def parsed(self, choice: ChoiceOutput, parsed: ParsedDelta) -> None:
-        content, reasoning, calls = parsed
-        if reasoning:
-            self._add(REASONING, reasoning)
-        if content:
-            self._add(MESSAGE, content)
-        for call in calls:
-            item = self._item
-            if call.name is not None:  # a call starts: its id and name come first
-                item = self._open(CALL, call)
-            elif item is None or item.kind != CALL:
-                continue  # parsers send a call's name before its arguments
-            if call.arguments:
-                item.parts.append(call.arguments)
-                self._pending.append(call.arguments)
-
-    def logprobs(self, choice: ChoiceOutput, part: Any) -> None:
-        pass  # never asked of the engine (top_logprobs is refused)
+    # --- the token loop's calls (the rest are PartStream's) --------------------------------
 
     def finish(self, choice: ChoiceOutput) -> None:
         self._incomplete = choice.finish_reason == "length"
-        if self._item is None and not self._items:
+        if self._part is None and not self._items:
             self._open(MESSAGE)  # an empty answer is still a message
         self._close("incomplete" if self._incomplete else "completed")
 

@@ -6,7 +6,8 @@ in a batch (text, reasoning, tool-call deltas, logprobs) is one chunk. The HTTP 
 out with the first write, so a failure before any output still gets a proper error status.
 `CollectSink` keeps everything per choice and answers once, at the end. Plain text (no
 parsers, no logprobs) takes a pre-encoded fast path. Both implement context.Sink
-(responses.py has the Responses API's).
+(responses.py has the Responses API's, messages.py the Messages API's; both stream their
+output as parts: `PartStream`).
 """
 
 from __future__ import annotations
@@ -87,6 +88,65 @@ class SseBody:
             self.started = True
             await self._http.start_stream()
         await self._http.end_stream(data)
+
+
+class PartStream(SseBody):
+    """An event stream of output parts (the Responses API's items, the Messages API's content
+    blocks): one part open at a time, a new one when the kind of output changes (reasoning,
+    text, a tool call, as the model writes them), each part's text batched into one delta
+    event per write. Subclasses name the kinds and write the events (`_open`, `_delta`); an
+    open part has `kind` and `parts` (its text so far)."""
+
+    __slots__ = ("_part", "_pending")
+
+    TEXT = REASONING = CALL = ""  # the subclass's names of the kinds
+
+    def __init__(self, http: HttpOut) -> None:
+        super().__init__(http)
+        self._part: Any = None  # the open part
+        self._pending: list[str] = []  # its text not yet in a delta event
+
+    def _open(self, kind: str, call: ToolCallDelta | None = None) -> Any:
+        """Start a part of `kind` (after closing the open one); `_opened` records it."""
+        raise NotImplementedError
+
+    def _opened(self, part: Any) -> None:
+        self._part = part
+
+    def _closed(self) -> None:
+        self._part = None
+
+    def _add(self, kind: str, text: str) -> None:
+        part = self._part
+        if part is None or part.kind != kind:
+            part = self._open(kind)
+        part.parts.append(text)
+        self._pending.append(text)
+
+    def content(self, choice: ChoiceOutput, text: str) -> None:
+        self._add(self.TEXT, text)
+
+    def echo(self, choice: ChoiceOutput) -> None:
+        choice.echoed = True  # completions only
+
+    def parsed(self, choice: ChoiceOutput, parsed: ParsedDelta) -> None:
+        content, reasoning, calls = parsed
+        if reasoning:
+            self._add(self.REASONING, reasoning)
+        if content:
+            self._add(self.TEXT, content)
+        for call in calls:
+            part = self._part
+            if call.name is not None:  # a call starts: its id and name come first
+                part = self._open(self.CALL, call)
+            elif part is None or part.kind != self.CALL:
+                continue  # parsers send a call's name before its arguments
+            if call.arguments:
+                part.parts.append(call.arguments)
+                self._pending.append(call.arguments)
+
+    def logprobs(self, choice: ChoiceOutput, part: Any) -> None:
+        pass  # never asked of the engine (neither API offers them here)
 
 
 class StreamSink(SseBody):
