@@ -1,5 +1,5 @@
-"""HTTPS and CORS at the edge through `switchyard up`, with real clients: the openai SDK
-over mutual TLS with a test CA (trustme), a client without a certificate and a
+"""HTTPS and CORS at the edge through `switchyard up`, with real clients: the openai and
+anthropic SDKs over mutual TLS with a test CA (trustme), a client without a certificate and a
 plaintext client refused, a renewed certificate served without a restart, and a browser's
 CORS preflight and simple request."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 import ssl
 import time
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -83,6 +84,35 @@ class TestMutualTls:
                 extra_body={"ignore_eos": True},
             )
             assert [c.usage for c in stream if c.usage][-1].completion_tokens == 6
+
+    def test_anthropic_sdk(self, stack, pki):
+        """x-api-key over TLS; a wrong key is a 401 in Anthropic's shape. (The SDK brings
+        its own HTTP client package, httpx2.)"""
+        http = anthropic.DefaultHttpxClient(verify=tls_context(pki))
+        with anthropic.Anthropic(
+            base_url=stack.base_url, api_key="sk-edge", http_client=http, max_retries=0
+        ) as client:
+            message = client.messages.create(
+                model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "over HTTPS"}]
+            )
+            assert message.type == "message" and message.usage.output_tokens >= 1
+            count = client.messages.count_tokens(
+                model=MODEL, messages=[{"role": "user", "content": "over HTTPS"}]
+            )
+            assert count.input_tokens == message.usage.input_tokens + (
+                message.usage.cache_read_input_tokens or 0
+            )
+        with anthropic.Anthropic(
+            base_url=stack.base_url,
+            api_key="sk-wrong",
+            http_client=anthropic.DefaultHttpxClient(verify=tls_context(pki)),
+            max_retries=0,
+        ) as client:
+            with pytest.raises(anthropic.AuthenticationError) as err:
+                client.messages.create(
+                    model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "x"}]
+                )
+            assert err.value.body["error"]["type"] == "authentication_error"
 
     def test_a_client_without_a_certificate_is_refused(self, stack, pki):
         with httpx.Client(verify=tls_context(pki, with_cert=False)) as http:

@@ -1,19 +1,22 @@
-"""The HTTP edge: access checks for every route, and generation endpoints as plain ASGI, in
-front of the FastAPI app.
+"""The HTTP edge: access checks for every route, and generation endpoints as plain ASGI, in front
+of the FastAPI app.
 
 Every request is checked first (auth.py): /v1 routes need a client key, the operator's routes
 the admin token (or the admin listener); a 401 costs nothing but the headers. Through FastAPI
 every streamed chunk would pass the send wrappers of its middleware, and StreamingResponse
 (uvicorn speaks ASGI spec 2.3) runs an anyio task group per request. Here POST
-/v1/chat/completions, /v1/completions, /v1/embeddings and /v1/responses take a place in
-admission control (admission.py: 429 with Retry-After beyond its limits) before their body is
-read (413 past --max-body-bytes), then go straight to the stages (stages/endpoints.serve),
-whose frames go straight to uvicorn's send. One plain task per request watches for the client
-going away, waiting for a slot, streaming or not: the request is then cancelled, which aborts
-its engine requests. A request's deadline is --request-timeout, or shorter with the client's
-`request-timeout-ms` header. Each request gets its id (X-Request-Id), its access line and its
-trace here. Another method on those paths is 405 (Allow: POST). Every other request, and the
-lifespan, is FastAPI's.
+/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses and /v1/messages take a
+place in admission control (admission.py: 429 with Retry-After beyond its limits) before their
+body is read (413 past --max-body-bytes), then go straight to the stages
+(stages/endpoints.serve), whose frames go straight to uvicorn's send. One plain task per
+request watches for the client going away, waiting for a slot, streaming or not: the request is
+then cancelled, which aborts its engine requests. A request's deadline is --request-timeout, or
+shorter with the client's `request-timeout-ms` header. Each request gets its id (X-Request-Id),
+its access line and its trace here. /tokenize, /detokenize (also under /v1) and
+/v1/messages/count_tokens are answered without an engine (local_endpoints): no admission slot.
+Another method on those paths is 405 (Allow: POST). Errors on the Anthropic API's paths take
+its shape (anthropic_requests), those before the body was read too. Every other request, and
+the lifespan, is FastAPI's.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from fastapi import FastAPI
 from switchyard.preprocessor import request_ids
 from switchyard.preprocessor.access_log import CLIENT_GONE, AccessLog, request_fields
 from switchyard.preprocessor.admission import Admission
+from switchyard.preprocessor.anthropic_requests import anthropic_error
 from switchyard.preprocessor.auth import (
     OPEN_PATHS,
     TENANT_SCOPE,
@@ -48,10 +52,13 @@ from switchyard.preprocessor.errors import (
 )
 from switchyard.preprocessor.local_endpoints import LOCAL
 from switchyard.preprocessor.stages.context import (
+    ANTHROPIC,
     CHAT,
     COMPLETIONS,
+    COUNT_TOKENS,
     DETOKENIZE,
     EMBEDDINGS,
+    MESSAGES,
     RESPONSES,
     SESSION_HEADER,
     TOKENIZE,
@@ -71,6 +78,7 @@ GENERATION_PATHS = {
     "/v1/completions": COMPLETIONS,
     "/v1/embeddings": EMBEDDINGS,
     "/v1/responses": RESPONSES,
+    "/v1/messages": MESSAGES,
 }
 # Answered without an engine (local_endpoints): no admission slot, no deadline.
 LOCAL_PATHS = {
@@ -78,8 +86,13 @@ LOCAL_PATHS = {
     "/tokenize": TOKENIZE,  # vLLM's paths
     "/v1/detokenize": DETOKENIZE,
     "/detokenize": DETOKENIZE,
+    "/v1/messages/count_tokens": COUNT_TOKENS,
 }
-LOCAL_ID_PREFIX = {TOKENIZE: "tokenize-", DETOKENIZE: "tokenize-"}
+LOCAL_ID_PREFIX = {TOKENIZE: "tokenize-", DETOKENIZE: "tokenize-", COUNT_TOKENS: "msg_"}
+# The paths of the Anthropic API: their errors take its shape, their answers its id header.
+ANTHROPIC_PATHS = frozenset(
+    path for path, e in {**GENERATION_PATHS, **LOCAL_PATHS}.items() if e in ANTHROPIC
+)
 STREAM_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
@@ -98,18 +111,22 @@ class AsgiOut:
     """The response half of one ASGI exchange (stages.sinks.HttpOut); every response of a
     request that has an id carries it as X-Request-Id."""
 
-    __slots__ = ("_send", "_id", "done", "added")
+    __slots__ = ("_send", "_id", "_anthropic", "done", "added")
 
-    def __init__(self, send: Send, request_id: str = "") -> None:
+    def __init__(self, send: Send, request_id: str = "", anthropic: bool = False) -> None:
         self._send = send
         self._id: list[tuple[bytes, bytes]] = []
+        self._anthropic = anthropic  # also the `request-id` header the Anthropic SDK reads
         self.set_request_id(request_id)
         self.done = False  # the last message went out: a disconnect now is the normal end
         # Headers the request's stages add (RequestState.headers: a store warning).
         self.added: list[tuple[bytes, bytes]] = []
 
     def set_request_id(self, request_id: str) -> None:
-        self._id = [(b"x-request-id", request_id.encode("latin-1"))] if request_id else []
+        value = request_id.encode("latin-1")
+        self._id = [(b"x-request-id", value)] if request_id else []
+        if request_id and self._anthropic:
+            self._id.append((b"request-id", value))
 
     async def start_stream(self) -> None:
         headers = [*STREAM_HEADERS, *self._id, *self.added]
@@ -158,14 +175,23 @@ def error_headers(exc: RequestError) -> list[tuple[bytes, bytes]]:
     return []
 
 
-async def respond_error(send: Send, exc: RequestError) -> None:
-    await AsgiOut(send).respond(exc.status, exc.body(), error_headers(exc))
+def in_dialect(exc: RequestError, path: str) -> RequestError:
+    """The error in the shape of the API the path speaks (Anthropic's on /v1/messages)."""
+    return anthropic_error(exc) if path in ANTHROPIC_PATHS else exc
+
+
+async def respond_error(http: AsgiOut | Send, exc: RequestError, path: str = "") -> int:
+    """Answer with the error in the path's API's shape; its status."""
+    out = http if isinstance(http, AsgiOut) else AsgiOut(http)
+    shaped = in_dialect(exc, path)
+    await out.respond(shaped.status, shaped.body(), error_headers(exc))
+    return shaped.status
 
 
 async def respond_method_not_allowed(send: Send, method: str, path: str) -> None:
     message = f"{method} is not allowed on {path}; use POST."
-    body = error_body(message, INVALID_REQUEST, "method_not_allowed")
-    await AsgiOut(send).respond(405, body, [(b"allow", b"POST")])
+    shaped = in_dialect(RequestError(405, message, INVALID_REQUEST, "method_not_allowed"), path)
+    await AsgiOut(send).respond(405, shaped.body(), [(b"allow", b"POST")])
 
 
 class Edge:
@@ -213,7 +239,7 @@ class Edge:
             elif is_admin_path(path):
                 access.admin(scope["headers"])
         except AuthenticationError as exc:
-            await respond_error(send, exc)
+            await respond_error(send, exc, path)
             self._refused(GENERATION_PATHS.get(path), 401, exc.code)
             return
         scope[TENANT_SCOPE] = tenant_of(key)  # whose stored objects it may see
@@ -266,7 +292,8 @@ class Edge:
         received = time.perf_counter()
         deps = self.deps
         assert deps is not None
-        http = AsgiOut(send)
+        path = scope["path"]
+        http = AsgiOut(send, anthropic=path in ANTHROPIC_PATHS)
         timeout, bad_timeout = 0.0, None
         try:
             timeout = self._timeout(scope)
@@ -291,8 +318,7 @@ class Edge:
                     await ticket.wait()
                 except RequestError as exc:  # the queue timed out, or shutting down
                     state.error = exc.code
-                    await http.respond(exc.status, exc.body(), error_headers(exc))
-                    return exc.status
+                    return await respond_error(http, exc, path)
                 return await serve(ctx, body)
 
             status = await _until_client_leaves(answer(), receive, http)
@@ -300,8 +326,7 @@ class Edge:
             pass
         except RequestError as exc:
             state.error = exc.code
-            status = exc.status
-            await http.respond(exc.status, exc.body(), error_headers(exc))
+            status = await respond_error(http, exc, path)
         finally:
             if ticket is not None:
                 ticket.release()
@@ -314,7 +339,8 @@ class Edge:
         """An endpoint answered here (local_endpoints): body, answer, access line."""
         deps = self.deps
         assert deps is not None
-        http = AsgiOut(send)
+        path = scope["path"]
+        http = AsgiOut(send, anthropic=path in ANTHROPIC_PATHS)
         received = time.perf_counter()
         ctx, refused = _request(
             endpoint, scope, deps, http, received, id_prefix=LOCAL_ID_PREFIX[endpoint]
@@ -333,8 +359,7 @@ class Edge:
         except Exception as exc:
             err = as_request_error(exc)
             state.error = err.code
-            status = err.status
-            await http.respond(err.status, err.body(), error_headers(err))
+            status = await respond_error(http, err, path)
         finally:
             _account(deps, ctx, status)
             if self.access_log is not None:

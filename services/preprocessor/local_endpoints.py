@@ -1,5 +1,5 @@
 """Endpoints answered here, without an engine: /tokenize and /detokenize (vLLM's, also under
-/v1).
+/v1), and the Anthropic Messages API's /v1/messages/count_tokens.
 
 Each takes the body and returns the JSON answer (or raises a RequestError). A chat prompt
 goes through the chat stages that make a prompt (model, template) and is encoded as the
@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 
 import orjson
 
+from switchyard.preprocessor.anthropic_requests import parse_count_tokens
 from switchyard.preprocessor.catalog import ModelEntry
 from switchyard.preprocessor.errors import (
     INVALID_VALUE,
@@ -24,8 +25,15 @@ from switchyard.preprocessor.errors import (
     ServiceUnavailableError,
 )
 from switchyard.preprocessor.openai_requests import ChatCompletionRequest, SamplingOptions
-from switchyard.preprocessor.stages.context import DETOKENIZE, TOKENIZE, Deps, RequestContext
-from switchyard.preprocessor.stages.prompt import render_template
+from switchyard.preprocessor.stages import messages
+from switchyard.preprocessor.stages.context import (
+    COUNT_TOKENS,
+    DETOKENIZE,
+    TOKENIZE,
+    Deps,
+    RequestContext,
+)
+from switchyard.preprocessor.stages.prompt import render_template, resolve_model
 from switchyard.preprocessor.tokenize_requests import parse_detokenize, parse_tokenize
 from switchyard.preprocessor.tokenizer import TokenizerBundle
 
@@ -127,7 +135,17 @@ async def detokenize(ctx: RequestContext, body: bytes) -> bytes:
     return orjson.dumps({"prompt": tokenizer.decode(ids, skip_special_tokens=False)})
 
 
+async def count_tokens(ctx: RequestContext, body: bytes) -> bytes:
+    """What /v1/messages would bill as input (its usage's input_tokens plus
+    cache_read_input_tokens): the same stages render the same prompt."""
+    ctx.state.request = parse_count_tokens(body)
+    resolve_model(ctx)
+    messages.thinking(ctx)
+    return orjson.dumps({"input_tokens": len(await chat_prompt_ids(ctx))})
+
+
 LOCAL: dict[str, Callable[[RequestContext, bytes], Awaitable[bytes]]] = {
     TOKENIZE: tokenize,
     DETOKENIZE: detokenize,
+    COUNT_TOKENS: count_tokens,
 }

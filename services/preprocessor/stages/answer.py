@@ -1,9 +1,10 @@
 """The answer's two ends: the sink a request's output goes to, and the `finish` stage.
 
-`sink_for`: a streamed request's SSE frames (chat or completions chunks, or the Responses
-API's events), else one JSON body at the end. `finish`: the usage (the n choices of a prompt
-share its cached prefix), the answer's last bytes, and the request's metrics, with what the
-KV router predicted of each generation's cached prefix beside what the engine reported.
+`sink_for`: a streamed request's SSE frames (chat or completions chunks, the Responses or
+the Messages API's events), else one JSON body at the end. `finish`: the usage (the n
+choices of a prompt share its cached prefix), the answer's last bytes, and the request's
+metrics, with what the KV router predicted of each generation's cached prefix beside what the
+engine reported.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import functools
 import time
 
 from switchyard.preprocessor import sse
+from switchyard.preprocessor.anthropic_requests import MessagesRequest
 from switchyard.preprocessor.openai_requests import (
     ChatCompletionRequest,
     CompletionRequest,
     EmbeddingRequest,
 )
 from switchyard.preprocessor.responses_requests import ResponsesRequest
-from switchyard.preprocessor.stages import stored
+from switchyard.preprocessor.stages import messages, stored
 from switchyard.preprocessor.stages.context import CHAT, RequestContext, Sink
 from switchyard.preprocessor.stages.responses import (
     ResponseCollectSink,
@@ -37,6 +39,8 @@ def sink_for(ctx: RequestContext) -> Sink:
         keep = functools.partial(stored.keep, ctx)
         head = ResponseHead(stored.response_id(ctx), req.model, inp.created, shown, keep)
         return ResponseStreamSink(http, head) if req.stream else ResponseCollectSink(http, head)
+    if isinstance(req, MessagesRequest):
+        return messages.sink(ctx)
     assert not isinstance(req, EmbeddingRequest)  # embeddings answer in the embed stages
     chat = inp.endpoint == CHAT
     if req.stream:

@@ -46,8 +46,11 @@ CHAT = "chat_completions"
 COMPLETIONS = "completions"
 EMBEDDINGS = "embeddings"
 RESPONSES = "responses"
+MESSAGES = "messages"  # the Anthropic Messages API
 TOKENIZE = "tokenize"  # answered without an engine (local_endpoints)
 DETOKENIZE = "detokenize"
+COUNT_TOKENS = "count_tokens"  # /v1/messages/count_tokens
+ANTHROPIC = frozenset({MESSAGES, COUNT_TOKENS})  # errors in Anthropic's shape
 # The router's session key (session affinity); without it, the body's `user` is the key.
 SESSION_HEADER = "x-session-id"
 

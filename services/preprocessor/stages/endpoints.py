@@ -3,6 +3,8 @@
     chat:         parse, model, template, outputs, tokenize, check, generate, stream, finish
     responses:    parse, history, model, template, outputs, tokenize, check, generate, stream,
                   finish
+    messages:     parse, model, thinking, template, outputs, tokenize, check, generate,
+                  stream, finish
     completions:  parse, model,                    tokenize, check, generate, stream, finish
     embeddings:   parse, model,                    tokenize,        embed,           finish
 
@@ -14,9 +16,10 @@ the answer's sink; `stream` runs the token loop and migrates what fails (lifecyc
 stages with its own parse (its request as the chat request it amounts to,
 responses_requests), `history` (the stored context of previous_response_id or a
 conversation, read before any engine work: stored.py) and its own sinks (responses.py,
-which keep the response at its end), its errors renamed to its fields.
-Every failure becomes an OpenAI-shaped error here: an HTTP status before the first byte of
-the answer, an error event inside a stream after it.
+which keep the response at its end), its errors renamed to its fields; so is the Anthropic
+Messages API (anthropic_requests; messages.py: its thinking stage and sinks), whose errors
+also take Anthropic's shape. Every failure becomes an error in the API's shape here: an HTTP
+status before the first byte of the answer, an error event inside a stream after it.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
+from switchyard.preprocessor.anthropic_requests import anthropic_error, parse_messages
 from switchyard.preprocessor.errors import ENGINE_REJECTED, as_request_error
 from switchyard.preprocessor.openai_requests import (
     parse_chat_completion,
@@ -34,11 +38,12 @@ from switchyard.preprocessor.openai_requests import (
     parse_embeddings,
 )
 from switchyard.preprocessor.responses_requests import parse_responses, responses_error
-from switchyard.preprocessor.stages import answer, embed, lifecycle, prompt, stored
+from switchyard.preprocessor.stages import answer, embed, lifecycle, messages, prompt, stored
 from switchyard.preprocessor.stages.context import (
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,
+    MESSAGES,
     RESPONSES,
     Body,
     Deps,
@@ -61,8 +66,15 @@ PARSERS: dict[str, Callable[[bytes], Body]] = {
     COMPLETIONS: parse_completion,
     EMBEDDINGS: parse_embeddings,
     RESPONSES: parse_responses,
+    MESSAGES: parse_messages,
 }
-ID_PREFIX = {CHAT: "chatcmpl-", COMPLETIONS: "cmpl-", EMBEDDINGS: "embd-", RESPONSES: "resp_"}
+ID_PREFIX = {
+    CHAT: "chatcmpl-",
+    COMPLETIONS: "cmpl-",
+    EMBEDDINGS: "embd-",
+    RESPONSES: "resp_",
+    MESSAGES: "msg_",
+}
 
 
 def parse(ctx: RequestContext) -> None:
@@ -77,6 +89,7 @@ def parse(ctx: RequestContext) -> None:
 PARSE = Stage("parse", parse)
 HISTORY = Stage("history", stored.history)
 MODEL = Stage("model", prompt.resolve_model)
+THINKING = Stage("thinking", messages.thinking)
 TEMPLATE = Stage("template", prompt.render_template)
 OUTPUTS = Stage("outputs", prompt.outputs)
 TOKENIZE = Stage("tokenize", prompt.tokenize)
@@ -91,6 +104,18 @@ PIPELINES: dict[str, tuple[Stage, ...]] = {
         PARSE,
         HISTORY,
         MODEL,
+        TEMPLATE,
+        OUTPUTS,
+        TOKENIZE,
+        CHECK,
+        GENERATE,
+        STREAM,
+        FINISH,
+    ),
+    MESSAGES: (
+        PARSE,
+        MODEL,
+        THINKING,
         TEMPLATE,
         OUTPUTS,
         TOKENIZE,
@@ -198,6 +223,8 @@ async def serve(ctx: RequestContext, body: bytes) -> int:
             err.param = _constraint_field(ctx)
         if endpoint == RESPONSES:
             err = responses_error(err)
+        elif endpoint == MESSAGES:
+            err = anthropic_error(err)
         state.error = err.code
         if state.sink is not None and await state.sink.fail(err):
             return 200

@@ -16,6 +16,7 @@ STAGES = (
     "parse",
     "history",
     "model",
+    "thinking",
     "template",
     "outputs",
     "tokenize",
