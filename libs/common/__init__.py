@@ -1,8 +1,9 @@
 """What every service shares.
 
 Layout: instance_id, errors, instance_diff, workers, block_hash (_blockhash.c: its optional C
-form), engines/ (the engine gRPC adapters), messaging, fleet_client, ports, endpoints, runner,
-healthcheck; settings (flags, SWITCHYARD_<FLAG>, the --config file), argtypes (count and
-seconds flags), logs (--log-format), metrics, loop_histogram; heap (the start-up heap, frozen);
-scratch (per-process temporary folders).
+form), engines/ (the engine gRPC adapters), messaging, replicas (every replica behind a
+service's name), fleet_client, ports, endpoints, runner, healthcheck; settings (flags,
+SWITCHYARD_<FLAG>, the --config file), argtypes (count and seconds flags), logs
+(--log-format), metrics, loop_histogram; heap (the start-up heap, frozen); scratch
+(per-process temporary folders).
 """

@@ -219,7 +219,9 @@ class DealerClient:
 
     `connected` follows the peer through the socket's monitor: False until the handshake
     with the service succeeds, and again as soon as the connection drops (the service died
-    or restarts; ZMQ reconnects by itself). `on_disconnect()` is called on every drop.
+    or restarts; ZMQ reconnects by itself). `on_disconnect()` is called on every drop, then
+    `on_state()` (when set: a replicas.ReplicaSet's hook) on every change. A closed client
+    stays closed: it is not connected and sends nothing.
 
     With `heartbeat` (seconds), libzmq pings the service four times per `heartbeat` and drops
     the connection when nothing came back for `heartbeat` seconds: a frozen service (SIGSTOP,
@@ -250,13 +252,15 @@ class DealerClient:
         self._watcher: asyncio.Task[None] | None = None
         self.connected = False
         self._connected = asyncio.Event()
+        self.on_state: Callable[[], None] | None = None
+        self._closed = False
         self._urgent = urgent
         self._queued: list[Any] = []
         self._tick_pending = False  # a _tick is scheduled (on the next loop iteration)
         self._sent_now = False  # an urgent message went at once since the last _tick
 
     def start(self) -> None:
-        if self._io is None:
+        if self._io is None and not self._closed:
             self._io = LoopSocket(self._sock, self._on_frame, multipart=False)
             self._watcher = asyncio.create_task(self._watch(), name=f"monitor:{self.endpoint}")
 
@@ -295,7 +299,8 @@ class DealerClient:
         queued, self._queued = self._queued, []
         if self._io is None:
             self.start()
-        assert self._io is not None
+        if self._io is None:
+            raise zmq.ZMQError(zmq.ENOTSOCK, f"the client of {self.endpoint} is closed")
         self._io.send(encode(queued[0] if len(queued) == 1 else queued))
 
     def handle(self, reply: Any) -> None:  # pragma: no cover - overridden
@@ -316,6 +321,10 @@ class DealerClient:
                 self._connected.clear()
                 log.warning("lost connection to %s", self.endpoint)
                 self.on_disconnect()
+            else:
+                continue
+            if self.on_state is not None:
+                self.on_state()
 
     def _on_frame(self, frame: bytes) -> None:
         try:
@@ -326,6 +335,11 @@ class DealerClient:
         self.handle(reply)
 
     async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.connected = False
+        self._connected.clear()
         self._queued = []  # like the socket's LINGER 0: unsent messages are dropped
         if self._watcher is not None:
             self._watcher.cancel()
@@ -373,6 +387,10 @@ class RequestReplyClient(DealerClient):
                 return await future
         finally:
             self._waiters.pop(request_id, None)
+
+    def pending(self) -> int:
+        """Calls waiting for their reply."""
+        return len(self._waiters)
 
     def handle(self, reply: Any) -> None:
         future = self._waiters.pop(self._key(reply), None)
