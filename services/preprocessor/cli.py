@@ -16,6 +16,7 @@ from switchyard.common.engines.tls import add_engine_tls_arguments, engine_tls_f
 from switchyard.common.logs import add_logging_arguments, setup_logging
 from switchyard.common.metrics import add_metrics_arguments, serve_metrics
 from switchyard.common.ports import add_port_arguments, bind_tcp, port_number, write_ready_file
+from switchyard.common.replicas import RESOLVE_INTERVAL_S
 from switchyard.preprocessor import admission, cors, https
 from switchyard.preprocessor.app import create_app
 from switchyard.preprocessor.auth import ADMIN_TOKEN_ENV, KEYS_ENV, Access, KeyRing, keys_from_env
@@ -168,6 +169,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         help=f"dispatcher ZMQ endpoint (repeat for replicas; default {endpoints.DISPATCHER})",
+    )
+    parser.add_argument(
+        "--resolve-interval",
+        type=positive_seconds,
+        default=RESOLVE_INTERVAL_S,
+        help="seconds between lookups of the router and dispatcher names: every address a "
+        "name resolves to is a replica (a compose service scaled with --scale, a Kubernetes "
+        "headless Service); also looked up again when a connection drops",
     )
     endpoints.add_fleet_arguments(parser)
     parser.add_argument(
@@ -397,6 +406,7 @@ def run(args: argparse.Namespace) -> int:
             engine_streaming=args.engine_streaming,
             stage_timing=args.stage_timing,
             dispatcher_wait=args.dispatcher_wait,
+            resolve_interval=args.resolve_interval,
             migration_limit=args.migration_limit,
             tokenize_offload_chars=args.tokenize_offload_chars,
             listen_when_ready_s=READY_WAIT_S if shared else 0.0,

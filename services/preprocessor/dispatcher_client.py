@@ -8,6 +8,11 @@ replica instead of waiting for the idle timeout. A frozen replica (SIGSTOP, a hu
 keeps its connection open: the ZMQ heartbeat drops it after HEARTBEAT_S without an answer.
 That is what moves a request asked of its engine whole, which no stream timeout watches.
 
+The replicas are a `replicas.ReplicaSet`: each `--dispatcher` endpoint, and every address a
+dispatcher name resolves to (a compose service, a Kubernetes headless Service), followed as the
+name's addresses change. A retired replica (its address gone from the name) starts no new
+generation; its running streams finish there, and it is closed once none is left.
+
 `open` waits (up to `wait_s`) for a replica to be connected: while the only dispatcher
 restarts (`switchyard up` restarts a crashed child after a backoff of up to 10 s, then it
 starts up), a new or migrating stream waits for it instead of failing.
@@ -15,12 +20,11 @@ starts up), a new or migrating stream waits for it instead of failing.
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 from typing import Any
 
 from switchyard.common import errors
 from switchyard.common.messaging import DealerClient
+from switchyard.common.replicas import RESOLVE_INTERVAL_S, ReplicaSet, Resolve, resolve_ipv4
 from switchyard.preprocessor.reply_queue import ReplyQueue
 from switchyard.protos import codec
 from switchyard.protos.messages import (
@@ -108,43 +112,47 @@ DEFAULT_WAIT_S = 30.0  # longer than `up`'s longest restart backoff (10 s) plus 
 
 
 class DispatcherClient:
-    def __init__(self, endpoints: list[str], wait_s: float = DEFAULT_WAIT_S) -> None:
-        if not endpoints:
-            raise ValueError("at least one dispatcher endpoint is needed")
+    def __init__(
+        self,
+        endpoints: list[str],
+        wait_s: float = DEFAULT_WAIT_S,
+        *,
+        resolve: Resolve = resolve_ipv4,
+        resolve_interval: float = RESOLVE_INTERVAL_S,
+    ) -> None:
         if wait_s < 0:
             raise ValueError("the dispatcher wait must be >= 0")
         self.wait_s = wait_s
         self.streams: dict[str, GenerationStream] = {}
-        self._replicas = [_Replica(e, self.streams) for e in endpoints]
-        self._turn = itertools.cycle(range(len(self._replicas)))
+        self.replicas = ReplicaSet(
+            endpoints,
+            lambda address: _Replica(address, self.streams),
+            lambda replica: bool(replica.streams),
+            what="dispatcher",
+            resolve=resolve,
+            interval=resolve_interval,
+        )
+        self._turn = 0
 
     def start(self) -> None:
-        for replica in self._replicas:
-            replica.start()
+        self.replicas.start()
 
     def connected(self) -> bool:
         """Some replica is connected now."""
-        return any(r.connected for r in self._replicas)
+        return self.replicas.connected()
 
     async def wait_connected(self, timeout: float) -> bool:
         """True once any replica is connected (at once when one is); False after `timeout`."""
-        if any(r.connected for r in self._replicas):
-            return True
-        waits = [asyncio.ensure_future(r.wait_connected(timeout)) for r in self._replicas]
-        try:
-            for done in asyncio.as_completed(waits):
-                if await done:
-                    return True
-            return False
-        finally:
-            for wait in waits:
-                wait.cancel()
+        return await self.replicas.wait_connected(timeout)
 
     def _pick(self) -> _Replica:
-        first = next(self._turn)
-        for replica in self._replicas[first:] + self._replicas[:first]:
-            if replica.connected:
-                return replica
+        replicas = self.replicas.live
+        if replicas:
+            first = self._turn % len(replicas)
+            self._turn += 1
+            for replica in replicas[first:] + replicas[:first]:
+                if replica.connected:
+                    return replica
         raise NoDispatcher("no dispatcher is connected")
 
     async def open(
@@ -155,6 +163,7 @@ class DispatcherClient:
         try:
             replica = self._pick()
         except NoDispatcher:
+            self.replicas.resolve_soon()  # maybe they moved
             if not await self.wait_connected(self.wait_s):
                 raise NoDispatcher(
                     f"no dispatcher is reachable (waited {self.wait_s:g}s)"
@@ -167,5 +176,4 @@ class DispatcherClient:
         return stream
 
     async def close(self) -> None:
-        for replica in self._replicas:
-            await replica.close()
+        await self.replicas.close()

@@ -21,6 +21,7 @@ from prometheus_client import Counter, Gauge
 
 from switchyard.common.loop_histogram import LoopHistogram
 from switchyard.common.metrics import service_registry
+from switchyard.common.replicas import ReplicaSet
 
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
@@ -194,3 +195,27 @@ class _KvSeries:
         self.predicted_cached_tokens = metrics.predicted_cached_tokens.labels(model)
         self.routed_prompt_tokens = metrics.routed_prompt_tokens.labels(model)
         self.outcomes = {o: metrics.predictions.labels(model, o) for o in PREDICTION_OUTCOMES}
+
+
+class UpstreamsCollector:
+    """The router and dispatcher replicas this preprocessor knows (each endpoint flag, and
+    every address a name resolves to), read at scrape time: `connected` and `connecting` are
+    in the rotation, `retired` left their name and finish their work."""
+
+    def __init__(self, sets: dict[str, ReplicaSet[Any]]) -> None:
+        self._sets = sets
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        from prometheus_client.core import GaugeMetricFamily
+
+        family = GaugeMetricFamily(
+            "switchyard_preprocessor_upstreams",
+            "router and dispatcher replicas by state (connected, connecting, retired)",
+            labels=["service", "state"],
+        )
+        for service, replicas in self._sets.items():
+            connected = sum(1 for r in replicas.live if r.connected)
+            family.add_metric([service, "connected"], connected)
+            family.add_metric([service, "connecting"], len(replicas.live) - connected)
+            family.add_metric([service, "retired"], len(replicas.retired))
+        yield family

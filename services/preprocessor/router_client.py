@@ -7,6 +7,11 @@ themselves, as there is no prefill hop here) over the instances fleet reports an
 over what passes; the caller is told (`fallback` in the reply's policy) so it can log and
 count it. KV routing resumes as soon as a router is connected again.
 
+The replicas are a `replicas.ReplicaSet`: each `--router` endpoint, and every address a
+router name resolves to (a compose service, a Kubernetes headless Service), is a replica with
+a DEALER of its own, followed as the name's addresses change; a retired one is closed once no
+call and no routed request of its is left (the progress notices still reach it).
+
 A route call whose router connection drops fails at once and goes to the next router (or the
 fallback). A router that let a call time out (frozen, or overloaded) is skipped for
 `SUSPECT_S`, or until any late reply shows it answers again, so that the requests behind
@@ -15,7 +20,6 @@ it do not each wait the route timeout.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import random
 import time
@@ -26,6 +30,7 @@ import msgspec
 import zmq
 
 from switchyard.common.messaging import RequestReplyClient
+from switchyard.common.replicas import RESOLVE_INTERVAL_S, ReplicaSet, Resolve, resolve_ipv4
 from switchyard.protos import codec
 from switchyard.protos.messages import (
     ROLE_PREFILL,
@@ -118,31 +123,46 @@ class RouterClient:
         endpoints: list[str],
         instances: Callable[[], Mapping[int, Instance]],
         on_fallback: Callable[[], None] | None = None,
+        *,
+        resolve: Resolve = resolve_ipv4,
+        resolve_interval: float = RESOLVE_INTERVAL_S,
     ) -> None:
-        if not endpoints:
-            raise ValueError("at least one router endpoint is needed")
-        self._routers = [_Router(e) for e in endpoints]
-        self._turn = itertools.cycle(range(len(self._routers)))
         self._routed_by: dict[str, _Router] = {}
+        self.replicas = ReplicaSet(
+            endpoints,
+            _Router,
+            self._busy,
+            what="router",
+            resolve=resolve,
+            interval=resolve_interval,
+        )
+        self._turn = 0
         self.fallback = LocalFallback(instances)
         self._on_fallback = on_fallback
         self._warned = False
 
+    def _busy(self, router: _Router) -> bool:
+        """A call waits on it, or a request it routed still runs (only for retired ones)."""
+        return router.pending() > 0 or any(r is router for r in self._routed_by.values())
+
     def start(self) -> None:
-        for router in self._routers:
-            router.start()
+        self.replicas.start()
 
     async def wait_connected(self, timeout: float) -> bool:
-        return any([await r.wait_connected(timeout) for r in self._routers])
+        return await self.replicas.wait_connected(timeout)
 
     def connected(self) -> bool:
         """Some router is connected and not suspect (it answered its last call in time)."""
         now = time.monotonic()
-        return any(r.connected and r.suspect_until <= now for r in self._routers)
+        return any(r.connected and r.suspect_until <= now for r in self.replicas.live)
 
     def _connected(self) -> list[_Router]:
-        first = next(self._turn)
-        ordered = self._routers[first:] + self._routers[:first]
+        routers = self.replicas.live
+        if not routers:
+            return []
+        first = self._turn % len(routers)
+        self._turn += 1
+        ordered = routers[first:] + routers[:first]
         now = time.monotonic()
         return [r for r in ordered if r.connected and r.suspect_until <= now]
 
@@ -169,7 +189,8 @@ class RouterClient:
                     extra={"request_id": request.request_id},
                 )
                 continue
-            if not request.dry_run:
+            if not request.dry_run and reply.instance_id is not None:
+                # its notices go to it; a reply without a worker books nothing to release
                 self._routed_by[request.request_id] = router
             if self._warned:
                 log.info("router %s answers again: KV-aware routing resumed", router.endpoint)
@@ -178,6 +199,7 @@ class RouterClient:
         if not self._warned:
             log.warning("no router answers: routing locally (round-robin) until one is back")
             self._warned = True
+        self.replicas.resolve_soon()  # maybe they moved
         if self._on_fallback is not None:
             self._on_fallback()
         return self.fallback.route(request)
@@ -202,13 +224,12 @@ class RouterClient:
 
     async def busy(self, instance_id: int, seconds: float) -> None:
         """An engine said it is overloaded: every connected router avoids it for a while."""
-        for router in self._routers:
+        for router in self.replicas.live:
             if router.connected:
                 await router.send(InstanceBusy(instance_id, seconds))
 
     async def close(self) -> None:
-        for router in self._routers:
-            await router.close()
+        await self.replicas.close()
 
 
 async def route_around(

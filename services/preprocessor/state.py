@@ -17,13 +17,14 @@ import zmq.asyncio
 from switchyard.common.engines.tls import EngineTls
 from switchyard.common.fleet_admin import fleet_admin
 from switchyard.common.fleet_client import FleetClient
+from switchyard.common.replicas import RESOLVE_INTERVAL_S
 from switchyard.preprocessor.access_log import AccessLog
 from switchyard.preprocessor.admission import Admission, AdmissionCollector
 from switchyard.preprocessor.admission import Limits as AdmissionLimits
 from switchyard.preprocessor.auth import Access, KeyRing
 from switchyard.preprocessor.catalog import ModelEntry, build_catalog
 from switchyard.preprocessor.dispatcher_client import DispatcherClient
-from switchyard.preprocessor.metrics import PreprocessorMetrics
+from switchyard.preprocessor.metrics import PreprocessorMetrics, UpstreamsCollector
 from switchyard.preprocessor.parsers import ParserChoice, parsers_for
 from switchyard.preprocessor.router_client import RouterClient
 from switchyard.preprocessor.stages.context import Deps, Limits
@@ -57,6 +58,7 @@ class PreprocessorConfig:
     stream_gap_timeout: float = 5.0  # between tokens, once they flow
     engine_streaming: str = "auto"  # auto: non-streamed requests go whole; always: stream
     dispatcher_wait: float = 30.0  # for a connected dispatcher (one restarting)
+    resolve_interval: float = RESOLVE_INTERVAL_S  # router and dispatcher names looked up again
     migration_limit: int = 3
     tokenize_offload_chars: int = OFFLOAD_CHARS
     listen_when_ready_s: float = 0.0  # >0: start listening once ready (or after this long)
@@ -81,6 +83,8 @@ class PreprocessorConfig:
             raise ValueError("timeouts must be positive")
         if self.dispatcher_wait < 0:
             raise ValueError("--dispatcher-wait must be >= 0")
+        if not 0 < self.resolve_interval < float("inf"):
+            raise ValueError("--resolve-interval must be a finite number > 0")
         if self.engine_streaming not in ("auto", "always"):
             raise ValueError("--engine-streaming must be auto or always")
         if self.migration_limit < 0:
@@ -105,8 +109,12 @@ class PreprocessorState:
         cfg = self.config
         self.fleet = FleetClient(cfg.fleet_control, cfg.fleet_events, on_change=self._on_change)
         self.metrics = PreprocessorMetrics()
-        self.router = RouterClient(cfg.routers, lambda: self.fleet.instances)
-        self.dispatcher = DispatcherClient(cfg.dispatchers, cfg.dispatcher_wait)
+        self.router = RouterClient(
+            cfg.routers, lambda: self.fleet.instances, resolve_interval=cfg.resolve_interval
+        )
+        self.dispatcher = DispatcherClient(
+            cfg.dispatchers, cfg.dispatcher_wait, resolve_interval=cfg.resolve_interval
+        )
         self._parser_choices: dict[tuple[str, int], ParserChoice] = {}
         self.tokenizers = ModelTokenizers(
             lambda: self.fleet.instances, cfg.tokenizer_dir, cfg.tokenizer_dirs, tls=cfg.engine_tls
@@ -114,6 +122,11 @@ class PreprocessorState:
         self.admission = Admission(cfg.admission)
         self.storage: Storage | None = open_storage(cfg.store, self.metrics.registry)
         self.metrics.registry.register(AdmissionCollector(self.admission))
+        self.metrics.registry.register(
+            UpstreamsCollector(
+                {"router": self.router.replicas, "dispatcher": self.dispatcher.replicas}
+            )
+        )
         self._zmq: zmq.asyncio.Context | None = None  # the admin calls' sockets (lazily)
         self._tasks: list[asyncio.Task[None]] = []
         # Files watched while serving (name, the watch loop): the TLS certificate files.

@@ -36,7 +36,7 @@ class FakeRouter:
 async def client_with(*routers: FakeRouter) -> RouterClient:
     client = RouterClient(["tcp://127.0.0.1:1"], lambda: {3: INSTANCE})
     await client.close()  # its real replica is not used
-    client._routers = list(routers)  # type: ignore[assignment]
+    client.replicas.live = routers  # type: ignore[assignment]
     return client
 
 

@@ -5,6 +5,7 @@ import asyncio
 import pytest
 import zmq
 import zmq.asyncio
+from support.loopback import common_free_port
 
 from switchyard.preprocessor.router_client import RouterClient
 from switchyard.protos import codec
@@ -86,7 +87,7 @@ class TestBatching:
         client, router = wired
         task = asyncio.create_task(client.route(req("now"), 5.0))
         await asyncio.sleep(0)  # the task runs up to its wait for the reply
-        assert not client._routers[0]._queued  # already handed to the socket, not held back
+        assert not client.replicas.live[0]._queued  # already handed to the socket, not held back
         assert (await task).request_id == "now"
         assert router.messages == [req("now")]
 
@@ -126,3 +127,57 @@ class TestBatching:
         reply = await client.route(req("b"), 5.0)  # goes at once, the notice ahead of it
         assert reply.request_id == "b"
         assert router.messages[1] == [RouteProgress("a", 7, STAGE_FIRST_TOKEN), req("b")]
+
+
+class TestNameWithReplicas:
+    async def test_a_retired_router_gets_the_notices_of_what_it_routed_then_closes(self):
+        """A router name resolving to two addresses (an injected resolver): both route in
+        turn; once one leaves the name it routes nothing new, the requests it routed still
+        report their progress to it, and it is closed after their last notice."""
+        names = {"routers.test": ["127.0.0.2", "127.0.0.3"]}
+
+        async def resolve(host: str) -> list[str]:
+            return list(names[host])
+
+        ctx = zmq.asyncio.Context()
+        port = common_free_port()
+        routers = {h: FakeRouter(ctx, f"tcp://{h}:{port}") for h in names["routers.test"]}
+        client = RouterClient([f"tcp://routers.test:{port}"], dict, resolve=resolve)
+        client.start()
+        try:
+            assert await client.wait_connected(10)
+            async with asyncio.timeout(10):
+                while (
+                    not all(r.connected for r in client.replicas.live)
+                    or len(client.replicas.live) < 2
+                ):
+                    await asyncio.sleep(0.01)
+            for rid in "abcd":
+                await client.route(req(rid), 5.0)
+            got = {h: [m.request_id for m in r.messages] for h, r in routers.items()}
+            assert got == {"127.0.0.2": ["a", "c"], "127.0.0.3": ["b", "d"]}
+
+            names["routers.test"] = ["127.0.0.3"]
+            await client.replicas.refresh()
+            [retired] = client.replicas.retired
+            for rid in "ef":
+                await client.route(req(rid), 5.0)
+            assert [m.request_id for m in routers["127.0.0.3"].messages][-2:] == ["e", "f"]
+            await client.progress("a", 7, STAGE_FINISHED, final=True)
+            await client.replicas.refresh()
+            assert client.replicas.retired == (retired,)  # `c` still runs
+            await client.progress("c", 7, STAGE_FINISHED, final=True)
+            async with asyncio.timeout(5):
+                while len(routers["127.0.0.2"].messages) < 4:
+                    await asyncio.sleep(0.001)
+            assert routers["127.0.0.2"].messages[2:] == [
+                RouteProgress("a", 7, STAGE_FINISHED),
+                RouteProgress("c", 7, STAGE_FINISHED),
+            ]
+            await client.replicas.refresh()
+            assert client.replicas.retired == ()
+        finally:
+            await client.close()
+            for router in routers.values():
+                await router.close()
+            ctx.term()
