@@ -12,10 +12,14 @@
     up        `docker compose up -d --scale preprocessor=2 --scale router=2 --scale
               dispatcher=2` with Prometheus, on free host ports, until every engine is routable
               and every container healthy
-    requests  a chat and a streamed chat through the ingress (the openai SDK); a preprocessor
-              replica is killed (SIGKILL) and requests keep succeeding through the other; an
-              engine container is killed and more of both must still succeed, fleet drops it,
-              and once started again it is routable again; Prometheus scrapes every replica
+    requests  a chat and a streamed chat through the ingress (the openai SDK); every router and
+              dispatcher replica takes requests (their /metrics), each preprocessor connected
+              to both of each (its switchyard_preprocessor_upstreams); the dispatcher scaled
+              to 3 while running, then back to 2: the preprocessors follow Docker's DNS both
+              ways and the new replica takes requests; a preprocessor replica is killed
+              (SIGKILL) and requests keep succeeding through the other; an engine container is
+              killed and more of both must still succeed, fleet drops it, and once started
+              again it is routable again; Prometheus scrapes every replica
     down      `docker compose down`, the copied CA bundle removed and a dockerd this script
               started stopped, also on failure
 
@@ -241,6 +245,84 @@ def containers(compose: list[str], env: dict[str, str], service: str) -> list[st
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
+# Where each Switchyard service serves /metrics inside its container, and the counter that
+# shows it took requests.
+METRICS = {
+    "router": ("http://127.0.0.1:7290/metrics", "switchyard_router_decisions_total"),
+    "dispatcher": ("http://127.0.0.1:7390/metrics", "switchyard_dispatcher_generations_total"),
+}
+PREPROCESSOR_METRICS = "http://127.0.0.1:8000/metrics"
+
+
+def container_metrics(docker: str, container: str, url: str) -> str:
+    """A container's /metrics, read from inside it (only the ingress publishes a port)."""
+    script = f"import urllib.request as r; print(r.urlopen({url!r}, timeout=5).read().decode())"
+    return run(docker, "exec", container, "python", "-c", script, quiet=True)
+
+
+def metric_sum(text: str, name: str, labels: str = "") -> float:
+    """The sum of a metric's samples whose labels contain `labels` (e.g. 'state="retired"')."""
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith((name + "{", name + " ")) and labels in line
+    )
+
+
+def upstreams(docker: str, preprocessors: list[str], service: str, state: str) -> list[int]:
+    """Each preprocessor's count of `service` replicas in `state`."""
+    name = "switchyard_preprocessor_upstreams"
+    want = f'service="{service}",state="{state}"'
+    return [
+        int(metric_sum(container_metrics(docker, c, PREPROCESSOR_METRICS), name, want))
+        for c in preprocessors
+    ]
+
+
+def taken(docker: str, compose: list[str], env: dict[str, str], service: str) -> dict[str, float]:
+    """Each replica of a router or dispatcher service: the requests it took."""
+    url, counter = METRICS[service]
+    return {
+        c[:12]: metric_sum(container_metrics(docker, c, url), counter)
+        for c in containers(compose, env, service)
+    }
+
+
+def every_replica_takes_requests(
+    docker: str, compose: list[str], env: dict[str, str], base: str, replicas: dict[str, int]
+) -> None:
+    """Every preprocessor connected to `replicas[service]` replicas of each service, and
+    every one of those taking requests: each preprocessor takes its turns over all of them,
+    so eight requests through the ingress reach each replica."""
+    preprocessors = containers(compose, env, "preprocessor")
+    for service, n in replicas.items():
+        wait_until(
+            f"each preprocessor connected to {n} {service}s",
+            lambda s=service, n=n: (
+                upstreams(docker, preprocessors, s, "connected") == [n] * len(preprocessors)
+            ),
+            60,
+        )
+    before = {service: taken(docker, compose, env, service) for service in replicas}
+    for n in range(8):
+        chat_once(base, f"spread #{n}")
+    for service in replicas:
+        after = taken(docker, compose, env, service)
+        idle = [c for c, count in after.items() if count <= before[service].get(c, 0.0)]
+        log(f"{service} replicas' requests: {after}")
+        if idle:
+            raise RuntimeError(f"{service} replica(s) {idle} took no request: {after}")
+
+
+def chat_once(base: str, tag: str) -> None:
+    with openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=60) as client:
+        reply = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"compose-test ({tag})"}], **STEADY
+        )
+        if not reply.choices[0].message.content:
+            raise RuntimeError(f"chat ({tag}): unexpected answer {reply}")
+
+
 def scraped(prometheus: str) -> dict[str, int]:
     """Prometheus' healthy targets per job."""
     try:
@@ -314,6 +396,30 @@ def main() -> int:
                     raise RuntimeError(f"--scale {name}={n}: {len(running)} container(s)")
         with timings.step("requests"):
             chat_and_stream(base_url, "both engines")
+        with timings.step("every router and dispatcher replica takes requests"):
+            every_replica_takes_requests(
+                engine.docker, compose, env, base_url, {"router": 2, "dispatcher": 2}
+            )
+        with timings.step("dispatcher scaled to 3 and back to 2"):
+            # The preprocessors look the name up every 5 s (and when a connection drops).
+            scale = [f"--scale={name}={n}" for name, n in SCALE.items() if name != "dispatcher"]
+            run(*compose, "up", "-d", "--no-build", "--no-recreate", *scale,
+                "--scale=dispatcher=3", env=env, cwd=ROOT)  # fmt: skip
+            wait_until("every container healthy", lambda: unhealthy(compose, env) == [], 120)
+            every_replica_takes_requests(engine.docker, compose, env, base_url, {"dispatcher": 3})
+            run(*compose, "up", "-d", "--no-build", "--no-recreate", *scale,
+                "--scale=dispatcher=2", env=env, cwd=ROOT)  # fmt: skip
+            every_replica_takes_requests(engine.docker, compose, env, base_url, {"dispatcher": 2})
+            preprocessors = containers(compose, env, "preprocessor")
+            for state in ("connecting", "retired"):
+                wait_until(
+                    f"no {state} dispatcher left in any preprocessor",
+                    lambda state=state: (
+                        upstreams(engine.docker, preprocessors, "dispatcher", state)
+                        == [0] * len(preprocessors)
+                    ),
+                    60,
+                )
         with timings.step("preprocessor replica killed"):
             victim = containers(compose, env, "preprocessor")[0]
             run(engine.docker, "kill", "--signal", "SIGKILL", victim, env=env)

@@ -30,7 +30,6 @@ from switchyard.cli import build_parser
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 COMPOSE = DEPLOY / "docker-compose.yml"
-DISPATCHERS_OVERRIDE = DEPLOY / "docker-compose.dispatchers.yml"
 DOCKERFILE = DEPLOY / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"  # the classic builder reads only the context root's
 IMAGE = "switchyard:local"
@@ -72,7 +71,6 @@ def load_compose(*paths: Path) -> dict[str, Any]:
 
 COMPOSE_STACKS = {
     "compose": (COMPOSE,),
-    "compose+dispatchers": (COMPOSE, DISPATCHERS_OVERRIDE),
 }
 
 
@@ -179,7 +177,7 @@ def test_compose_ingress_publishes_and_sends_to_ready_preprocessors(
 def test_compose_healthchecks_ask_the_service(parser: argparse.ArgumentParser) -> None:
     """fleet, router and dispatcher: the health check that asks their event loop, at their
     bound port; the engines: a TCP connect to theirs."""
-    for name, service in ours(load_compose(COMPOSE, DISPATCHERS_OVERRIDE)).items():
+    for name, service in ours(load_compose(COMPOSE)).items():
         args = parse_command(parser, name, service["command"])
         if args.command == "preprocessor":
             continue

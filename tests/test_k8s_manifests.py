@@ -13,7 +13,8 @@ wrong. Then:
 - NetworkPolicies open only the API port to anyone, the admin listener and metrics ports to
   the namespace's pods and Prometheus;
 - the wiring holds: commands parse with switchyard's own CLI, clients dial Services that
-  select pods binding those ports, fleet's selectors pick the engine pods, named ports exist.
+  select pods binding those ports, fleet's selectors pick the engine pods, named ports exist;
+  the router and dispatcher Services are headless (the preprocessor dials every pod).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import yaml
 from deploy_wiring import check_wiring, parse_command, wiring_of
 
 from switchyard.cli import build_parser
+from switchyard.common.replicas import named
 from switchyard.fleet.k8s.selector import parse_selector
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -277,13 +279,14 @@ def test_probes_ask_the_service_itself(stack, parser):
 
 
 def test_streams_drain_before_a_pod_goes(stack, parser):
-    """Pods holding client or engine streams: a preStop pause (the pod leaves the Service or
-    fleet's set first) and a grace period that covers it plus the streams' end."""
+    """Pods holding client or engine streams: a preStop pause (the pod leaves the Service,
+    its DNS answer or fleet's set first) and a grace period that covers it plus the streams'
+    end."""
     name, objects = stack
     for where, pod in pod_templates(objects):
         (c,) = pod["spec"]["containers"]
         command = parse_command(parser, where, c["args"]).command
-        if command not in ("preprocessor", "mock-engine"):
+        if command not in ("preprocessor", "dispatcher", "mock-engine"):
             continue
         pause = c["lifecycle"]["preStop"]["sleep"]["seconds"]
         grace = pod["spec"]["terminationGracePeriodSeconds"]
@@ -291,6 +294,9 @@ def test_streams_drain_before_a_pod_goes(stack, parser):
         if command == "preprocessor":  # its own grace (+5 s backstop) fits in the pod's
             own = parse_command(parser, where, c["args"]).shutdown_grace
             assert pause + own + 5 < grace, f"{name}: {where}: --shutdown-grace {own}"
+        if command == "dispatcher":  # the streams' grace fits in the pod's
+            own = parse_command(parser, where, c["args"]).shutdown_grace
+            assert pause + own < grace, f"{name}: {where}: --shutdown-grace {own}"
 
 
 def test_prometheus_scrapes_every_service(stack, parser):
@@ -414,6 +420,26 @@ def test_services_select_pods_that_bind_their_ports(stack, parser):
         "preprocessor",
     }
     check_wiring(name, commands)
+
+
+def test_the_router_and_dispatcher_names_resolve_to_every_pod(stack, parser):
+    """The preprocessor connects to every address its --router and --dispatcher names resolve
+    to (common.replicas): their Services are headless, so DNS answers with each ready pod. A
+    ClusterIP is one virtual address: one connection, to one pod, whatever `replicas` says."""
+    name, objects = stack
+    services = {s["metadata"]["name"]: s for s in kinds(objects, "Service")}
+    for where, pod in pod_templates(objects):
+        (c,) = pod["spec"]["containers"]
+        args = parse_command(parser, where, c["args"])
+        if args.command != "preprocessor":
+            continue
+        for endpoint in args.router + args.dispatcher:
+            host = named(endpoint)
+            assert host is not None, f"{name}: {where}: {endpoint} names no Service"
+            service = services[host[0].split(".")[0]]
+            assert service["spec"].get("clusterIP") == "None", (
+                f"{name}: Service {host[0]} is not headless"
+            )
 
 
 def test_every_container_runs_the_one_image(stack):
