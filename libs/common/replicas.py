@@ -191,15 +191,15 @@ class ReplicaSet(Generic[R]):
             name = self._names.get(endpoint)
             for address in self._found.get(endpoint, ()) if name else [endpoint]:
                 wanted.setdefault(address, name[0] if name else "")
-        for address, name in wanted.items():
+        for address, host in wanted.items():
             if address not in self._clients:
                 client = self._make(address)
                 client.on_state = lambda c=client: self._on_state(c)  # type: ignore[misc]
                 self._clients[address] = client
                 if self._started:
                     client.start()
-                if name:
-                    log.info("%s %s added (an address of %s)", self.what, address, name)
+                if host:
+                    log.info("%s %s added (an address of %s)", self.what, address, host)
             elif address in self._retired:
                 self._retired.discard(address)
                 log.info("%s %s is back in the rotation", self.what, address)
