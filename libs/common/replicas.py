@@ -26,6 +26,7 @@ import contextlib
 import ipaddress
 import logging
 import socket
+import threading
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Generic, Protocol, TypeVar
 
@@ -38,12 +39,21 @@ LOOKUP_TIMEOUT_S = 10.0  # a resolver that does not answer counts as a failed lo
 Resolve = Callable[[str], Awaitable[list[str]]]  # a host name -> its IPv4 addresses
 
 
+# One lookup at a time per process (a few names every few seconds): not every NSS module is
+# safe to call from several threads while it reloads its file (nss_wrapper crashed in
+# uvloop's thread pool with two lookups racing a hosts-file change).
+_one_lookup = threading.Lock()
+
+
+def _getaddrinfo_ipv4(host: str) -> list[str]:
+    with _one_lookup:
+        infos = socket.getaddrinfo(host, None, family=socket.AF_INET, type=socket.SOCK_STREAM)
+    return [str(info[4][0]) for info in infos]
+
+
 async def resolve_ipv4(host: str) -> list[str]:
     """The system resolver (getaddrinfo: /etc/hosts, then DNS), in the loop's executor."""
-    infos = await asyncio.get_running_loop().getaddrinfo(
-        host, None, family=socket.AF_INET, type=socket.SOCK_STREAM
-    )
-    return [str(info[4][0]) for info in infos]
+    return await asyncio.get_running_loop().run_in_executor(None, _getaddrinfo_ipv4, host)
 
 
 def named(endpoint: str) -> tuple[str, str] | None:
