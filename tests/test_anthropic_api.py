@@ -11,6 +11,8 @@ writing its family's own markup at real token boundaries).
 
 from __future__ import annotations
 
+import json
+
 import anthropic
 import httpx
 import pytest
@@ -98,6 +100,23 @@ class TestCreate:
         assert message.stop_reason == "stop_sequence" and message.stop_sequence == "check"
         assert message.content[0].text == "Let me "
 
+    def test_system_blocks(self, stack):
+        """A system prompt as text blocks is the same prompt as the string they join to; it
+        is billed (count_tokens agrees)."""
+        blocks = [
+            {"type": "text", "text": "Be brief."},
+            {"type": "text", "text": "Answer in English.", "cache_control": {"type": "ephemeral"}},
+        ]
+        bare = stack.anthropic.messages.count_tokens(model="ds-v3", messages=user("hello"))
+        counted = stack.anthropic.messages.count_tokens(
+            model="ds-v3", messages=user("hello"), system=blocks
+        )
+        assert counted.input_tokens > bare.input_tokens
+        message = stack.anthropic.messages.create(
+            model="ds-v3", max_tokens=2, messages=user("hello"), system=blocks
+        )
+        assert billed(message) == counted.input_tokens
+
     def test_request_id_header(self, stack):
         raw = stack.anthropic.messages.with_raw_response.create(
             model="ds-v3", max_tokens=2, messages=user("hi")
@@ -129,6 +148,30 @@ class TestStream:
         blocks = [i for i, k in enumerate(kinds) if k == "content_block_start"]
         for at in blocks:
             assert "content_block_stop" in kinds[at:]
+
+    def test_every_event_and_delta_type(self, stack):
+        """The raw SSE frames (the SDK drops `ping` before its iterators see it): thinking,
+        text and a tool's input in one answer, each `event:` naming its data's type."""
+        with stack.anthropic.messages.with_streaming_response.create(
+            model="ds-r1", max_tokens=256, messages=user(QUESTION), tools=TOOLS, stream=True
+        ) as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            lines = [line for line in response.iter_lines() if line]
+        names = [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
+        datas = [
+            json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data: ")
+        ]
+        assert len(names) == len(datas) and names == [d["type"] for d in datas]
+        assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"]
+        assert "ping" in names
+        started = [d["content_block"]["type"] for d in datas if d["type"] == "content_block_start"]
+        assert started == ["thinking", "text", "tool_use"]
+        deltas = {d["delta"]["type"] for d in datas if d["type"] == "content_block_delta"}
+        assert deltas == {"thinking_delta", "signature_delta", "text_delta", "input_json_delta"}
+        assert names.count("content_block_stop") == 3
+        end = datas[-2]
+        assert end["delta"]["stop_reason"] == "tool_use" and end["usage"]["output_tokens"] >= 1
+        assert datas[0]["message"]["usage"]["input_tokens"] >= 1
 
     @pytest.mark.parametrize("model", TOOL_MODELS)
     def test_tool_use(self, stack, model):
@@ -179,6 +222,34 @@ class TestToolLoop:
         assert [b.type for b in answer.content] == ["text"]
         assert answer.content[0].text == ANSWER
         no_markup(answer.content[0].text)
+
+    def test_tool_result_blocks_and_is_error(self, stack):
+        """tool_result content as text blocks, and is_error (the model reads "Error: ...")."""
+        use = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": ARGS}
+
+        def history(result: dict) -> list[dict]:
+            return [
+                *user(QUESTION),
+                {"role": "assistant", "content": [{"type": "text", "text": "Let me check."}, use]},
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": "toolu_1", **result}],
+                },
+            ]
+
+        blocks = {"content": [{"type": "text", "text": TOOL_RESULT}]}
+        answer = stack.anthropic.messages.create(
+            model="qwen3", max_tokens=64, messages=history(blocks), tools=TOOLS
+        )
+        assert answer.content[0].text == ANSWER  # the script saw the result's text
+        plain = stack.anthropic.messages.count_tokens(
+            model="qwen3", messages=history({"content": TOOL_RESULT}), tools=TOOLS
+        )
+        assert billed(answer) == plain.input_tokens  # blocks and a string: one prompt
+        failed = stack.anthropic.messages.count_tokens(
+            model="qwen3", messages=history({**blocks, "is_error": True}), tools=TOOLS
+        )
+        assert failed.input_tokens > plain.input_tokens
 
     def test_required_tool_choice(self, stack):
         message = stack.anthropic.messages.create(
@@ -280,6 +351,16 @@ class TestErrors:
             )
         error = err.value.body["error"]
         assert error["type"] == "invalid_request_error" and words in error["message"]
+
+    def test_max_tokens_is_required(self, stack):
+        with pytest.raises(anthropic.BadRequestError) as err:  # omit: the SDK sends none
+            stack.anthropic.messages.create(
+                model="ds-v3", messages=user("x"), max_tokens=anthropic.omit, timeout=30
+            )
+        body = err.value.body
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}
+        assert body["error"]["type"] == "invalid_request_error"
+        assert "max_tokens" in body["error"]["message"]
 
     def test_streamed_request_refused_before_the_stream(self, stack):
         with pytest.raises(anthropic.BadRequestError):
