@@ -219,9 +219,15 @@ async def _engine_up(url: str, timeout: float) -> None:
 
 
 def start_engines(
-    procs: Processes, count: int, tokenizer: Path, ttft_ms: float, itl_ms: float
+    procs: Processes,
+    count: int,
+    tokenizer: Path,
+    ttft_ms: float,
+    itl_ms: float,
+    extra: Sequence[str] = (),
 ) -> tuple[list[subprocess.Popen[bytes]], list[str], list[str]]:
-    """Engines, their plain URLs, and their URLs with the KV event endpoints for switchyard."""
+    """Engines (`extra`: more mock-engine flags), their plain URLs, and their URLs with the KV
+    event endpoints for switchyard."""
     engines, urls, kv_urls, ready_files = [], [], [], []
     for index in range(count):
         ready = procs.log_dir / f"engine-{index}.json"
@@ -231,7 +237,7 @@ def start_engines(
         argv = ["mock-engine", "--protocol", "sglang", "--port", "0", "--ready-file", str(ready)]
         argv += ["--model-name", MODEL, "--tokenizer", str(tokenizer)]
         argv += ["--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms)]
-        argv += ["--kv-events-endpoint", local, "--kv-replay-endpoint", local]
+        argv += ["--kv-events-endpoint", local, "--kv-replay-endpoint", local, *extra]
         engines.append(procs.start_switchyard(f"engine-{index}", *argv, "--log-level", "WARNING"))
     for proc, ready in zip(engines, ready_files, strict=True):
         try:
