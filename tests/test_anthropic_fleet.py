@@ -2,7 +2,7 @@
 router's session key (the session table the Messages requests filled is what /debug/route
 scores for a chat request of that `user`), and an engine that dies inside a stream with no
 other engine for its model ends the stream with an `error` event in Anthropic's shape, after
-the events already sent."""
+the events already sent. Messages requests count in the preprocessor's request metrics."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import anthropic
 import httpx
 import pytest
 from e2e_stack import Processes, running_stack, wait_until
+from prometheus_client.parser import text_string_to_metric_families
 from test_capability_routing import access, worker_ids
 
 MODEL = "deepseek-mock"
@@ -54,6 +55,17 @@ def route_scores(base: str, user: str) -> dict[str, float]:
     return {w["url"]: w["scores"]["session_affinity"] for w in route["workers"]}
 
 
+def requests_total(base: str, **labels: str) -> float:
+    text = httpx.get(base + "/metrics", timeout=10).text
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "switchyard_preprocessor_requests_total"
+        and all(s.labels.get(k) == v for k, v in labels.items())
+    )
+
+
 class TestSessionKey:
     def test_metadata_user_id_sticks_to_one_engine(self, fleet):
         assert set(route_scores(fleet.base_url, "user-7").values()) == {0.0}  # no session yet
@@ -72,6 +84,8 @@ class TestSessionKey:
         scores = route_scores(fleet.base_url, "user-7")
         assert scores[served.pop()] == 1.0 and sorted(scores.values()) == [0.0, 0.0, 1.0]
         assert set(route_scores(fleet.base_url, "someone-else").values()) == {0.0}
+        answered = requests_total(fleet.base_url, endpoint="messages", model=MODEL, status="200")
+        assert answered >= 4  # the chat metrics count Messages requests under their endpoint
 
 
 class TestErrorInsideAStream:
