@@ -233,6 +233,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="JSON file of {marker, output} rules: a prompt containing a marker gets that "
         "output, tokenized with the engine's tokenizer and emitted token by token",
     )
+    warm = parser.add_argument_group("start-up (the vLLM servicer's warm-up)")
+    warm.add_argument(
+        "--warm-up-requests",
+        type=int,
+        default=0,
+        help="vLLM: warm up as the real servicer does: this many requests (4 blocks of prompt "
+        "each) fill the prefix cache and publish their blocks, then the cache is reset and its "
+        "AllBlocksCleared goes out only at the next request's step; the standard health "
+        "service says NOT_SERVING until then (HealthCheck answers healthy); 0: serve at once",
+    )
+    warm.add_argument(
+        "--warm-up-ms",
+        type=float,
+        default=cfg.DEFAULT_WARM_UP_MS,
+        help="the least the warm-up lasts (divided by --speedup)",
+    )
     tls = parser.add_argument_group("TLS (serve gRPC over TLS, as an engine behind grpcs://)")
     tls.add_argument("--tls-cert", type=Path, default=None, help="server certificate chain (PEM)")
     tls.add_argument("--tls-key", type=Path, default=None, help="its private key (PEM)")
@@ -329,6 +345,8 @@ def config_from_args(args: argparse.Namespace) -> cfg.MockEngineConfig:
         embedding=args.embedding,
         embedding_dim=args.embedding_dim,
         max_logprobs=args.max_logprobs,
+        warm_up_requests=args.warm_up_requests,
+        warm_up_ms=args.warm_up_ms,
         script_path=args.script,
         log_requests=args.log_requests,
         tls_cert=args.tls_cert,

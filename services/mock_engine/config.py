@@ -32,6 +32,8 @@ DEFAULT_KV_CONNECTOR = "NixlConnector"  # vLLM's, reported (and used) by prefill
 MAX_RUNNING_REQUESTS = 256  # reported as the scheduler's running window (vLLM max_num_seqs)
 DEFAULT_EMBEDDING_DIM = 256
 DEFAULT_MAX_LOGPROBS = 20  # vLLM's --max-logprobs default
+DEFAULT_WARM_UP_MS = 1000.0
+WARM_UP_PROMPT_BLOCKS = 4  # full blocks of prompt per warm-up request
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -148,6 +150,12 @@ class MockEngineConfig:
     embedding: bool = False  # an embedding model: is_generation false, serves Embed only
     embedding_dim: int = DEFAULT_EMBEDDING_DIM
     max_logprobs: int = DEFAULT_MAX_LOGPROBS  # vLLM: more logprobs than this are refused
+    # The vLLM servicer's warm-up at start: this many requests (4 blocks of prompt each) fill
+    # the prefix cache, which is then reset with its AllBlocksCleared published only at the
+    # next request's step; the health service says NOT_SERVING until it is over, which takes
+    # at least warm_up_ms (scaled by speedup). 0: none (serving at once).
+    warm_up_requests: int = 0
+    warm_up_ms: float = DEFAULT_WARM_UP_MS
     script_path: Path | None = None  # scripted output (see script.py)
     # Log each Generate/Embed call's request id and its x-request-id / traceparent metadata
     # at INFO (SGLang's --log-requests logs each request too).
@@ -203,6 +211,7 @@ class MockEngineConfig:
             raise ConfigError("embedding_dim", f"must be at least 1, got {self.embedding_dim}")
         if self.max_logprobs < 0:
             raise ConfigError("max_logprobs", f"must be >= 0, got {self.max_logprobs}")
+        self._check_warm_up()
         if self.script_path is not None:
             object.__setattr__(self, "_script", load_script(Path(self.script_path)))
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -238,6 +247,18 @@ class MockEngineConfig:
                 "kv_replay_buffer", f"must be at least 1, got {self.kv_replay_buffer}"
             )
         object.__setattr__(self, "kv_skip_seqs", parse_seq_list(self.kv_skip_seqs))
+
+    def _check_warm_up(self) -> None:
+        if self.warm_up_requests < 0:
+            raise ConfigError("warm_up_requests", f"must be >= 0, got {self.warm_up_requests}")
+        if not self.warm_up_ms >= 0 or math.isinf(self.warm_up_ms):
+            raise ConfigError("warm_up_ms", f"must be finite and >= 0, got {self.warm_up_ms}")
+        if self.warm_up_requests and self.protocol is not EngineProtocol.VLLM:
+            raise ConfigError("warm_up_requests", "is the vLLM servicer's (--protocol vllm)")
+        if self.warm_up_requests and self.embedding:
+            raise ConfigError("warm_up_requests", "an embedding model takes no warm-up (vLLM's)")
+        if self.warm_up_requests and WARM_UP_PROMPT_BLOCKS * self.block_size >= self.context_length:
+            raise ConfigError("warm_up_requests", "a warm-up prompt (4 blocks) must fit")
 
     def _check_faults(self) -> None:
         if self.exit_after_tokens is not None and self.exit_after_tokens < 1:
@@ -344,6 +365,11 @@ class MockEngineConfig:
     def tokenizer_path(self) -> Path:
         """The tokenizer folder, resolved (never None after construction)."""
         return self.tokenizer_dir if self.tokenizer_dir is not None else default_tokenizer_dir()
+
+    @property
+    def warm_up_s(self) -> float:
+        """The least the warm-up lasts, in seconds (scaled by the speedup)."""
+        return self.warm_up_ms / 1000.0 / self.speedup
 
     @property
     def ttft_s(self) -> float:

@@ -58,6 +58,7 @@ from switchyard.mock_engine.types import (
     GenerationRequest,
     KvEvent,
     LoadSnapshot,
+    SamplingSpec,
     Step,
 )
 
@@ -200,6 +201,8 @@ class MockEngine:
         # The batch's next decode step: its timer, and the wake-ups of the requests in it.
         self._step_timer: asyncio.TimerHandle | None = None
         self._stepping: list[asyncio.Future[None]] = []
+        # Events held back until the next request's step (reset_prefix_cache's clear).
+        self._deferred: list[KvEvent] = []
 
     @property
     def max_prompt_tokens(self) -> int:
@@ -253,7 +256,37 @@ class MockEngine:
         logger.info("prefix cache flushed")
         return True
 
+    def reset_prefix_cache(self) -> bool:
+        """Drop the whole prefix cache now, its AllBlocksCleared published only at the next
+        request's step, as vLLM's reset_prefix_cache (the scheduler publishes the events it
+        queued when it next schedules); False while requests are running."""
+        if self._active:
+            return False
+        events = self.cache.clear()
+        if events is None:  # pragma: no cover - nothing is pinned without running requests
+            return False
+        self._deferred.extend(events)
+        return True
+
+    async def warm_up(self, prompts: Sequence[Sequence[int]]) -> None:
+        """The vLLM servicer's warm-up requests: the prompts at once, greedy, one token each;
+        their blocks are stored and published as any request's."""
+
+        async def one(i: int, prompt: Sequence[int]) -> None:
+            request = GenerationRequest(
+                f"warm-up-{i}", tuple(prompt), SamplingSpec(max_new_tokens=1, ignore_eos=True)
+            )
+            async for _ in self.generate(request):
+                pass
+
+        async with asyncio.TaskGroup() as group:
+            for i, prompt in enumerate(prompts):
+                group.create_task(one(i, prompt))
+
     def _emit(self, events: list[KvEvent]) -> None:
+        if self._deferred:
+            events = [*self._deferred, *events]
+            self._deferred.clear()
         if events and self._events is not None:
             self._events.emit(events)
 
@@ -388,6 +421,8 @@ class MockEngine:
         cached = max(lease.cached_tokens, request.transferred_tokens)
         running = _Running(rid, len(prompt), lease, request.group)
         self._active[rid] = running
+        if self._deferred:  # this request's step publishes what the last reset queued
+            self._emit([])
         self._last_receive_time = self._wall_clock()
         self.total_requests += 1
         each_step = self.cache.policy.store_output_each_step

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -26,7 +26,12 @@ from smg_grpc_proto import sglang_scheduler_pb2_grpc, vllm_engine_pb2_grpc
 
 from switchyard.common.ports import PortRange, bind_in_range, tcp_endpoint_port
 from switchyard.mock_engine import sglang_servicer, vllm_servicer
-from switchyard.mock_engine.config import KV_EVENTS_HWM, EngineProtocol, MockEngineConfig
+from switchyard.mock_engine.config import (
+    KV_EVENTS_HWM,
+    WARM_UP_PROMPT_BLOCKS,
+    EngineProtocol,
+    MockEngineConfig,
+)
 from switchyard.mock_engine.data_parallel import DataParallelEngine
 from switchyard.mock_engine.deps import ServicerDeps
 from switchyard.mock_engine.disagg import Disaggregation
@@ -115,6 +120,7 @@ class MockEngineServer:
         self.disagg: Disaggregation | None = None
         self.faults: FaultInjector | None = None
         self.port = 0
+        self.warming_up: asyncio.Task[None] | None = None  # --warm-up-requests, while it runs
 
     @property
     def service_name(self) -> str:
@@ -324,9 +330,12 @@ class MockEngineServer:
             for transport in transports:
                 await transport.stop()
             raise
-        for name in ("", self.service_name):
-            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._server, self._health, self.engine, self.port = server, health_servicer, engine, port
+        if config.warm_up_requests:
+            await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+            self.warming_up = asyncio.create_task(self._warm_up(engine, facts.ordinary_ids))
+        else:
+            await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         self.kv_events, self._zmq = publishers[0], transports[0]
         self.kv_publishers, self._transports = publishers, transports
         self.disagg, self.faults = disagg, faults
@@ -345,11 +354,52 @@ class MockEngineServer:
         )
         return port
 
+    async def _set_health(self, status: int) -> None:
+        assert self._health is not None
+        for name in ("", self.service_name):
+            await self._health.set(name, status)
+
+    async def _warm_up(self, engine: DataParallelEngine, ordinary_ids: Sequence[int]) -> None:
+        """The vLLM servicer's warm-up (smg-grpc-servicer's vllm/warmup.py): both health
+        services NOT_SERVING while requests fill every rank's prefix cache (their
+        BlockStored published), then the cache reset, whose AllBlocksCleared vLLM publishes
+        only at its next step (services/mock_engine/tests/fixtures/vllm_real.json,
+        "warm_up"), then SERVING. Generate calls are served meanwhile, as by the real one."""
+        config = self.config
+        started = time.monotonic()
+        rng = random.Random(config.warm_up_requests)
+        length = WARM_UP_PROMPT_BLOCKS * config.block_size
+        prompts = [
+            [rng.choice(ordinary_ids) for _ in range(length)]
+            for _ in range(config.warm_up_requests)
+        ]
+        try:
+            await asyncio.gather(*(rank.warm_up(prompts) for rank in engine.ranks))
+            await asyncio.sleep(max(0.0, started + config.warm_up_s - time.monotonic()))
+            # vLLM refuses the reset while requests run (a client's, served meanwhile).
+            refused = sum(not rank.reset_prefix_cache() for rank in engine.ranks)
+            logger.info(
+                "warm-up done: %d requests in %.2fs, prefix cache reset on %d of %d ranks "
+                "(its AllBlocksCleared goes out at the next step)",
+                len(prompts),
+                time.monotonic() - started,
+                len(engine.ranks) - refused,
+                len(engine.ranks),
+            )
+        except Exception:  # the real servicer serves without a warm-up that failed
+            logger.exception("the warm-up failed; serving without it")
+        if self._server is not None:  # not stopped meanwhile
+            await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+
     async def stop(self, grace_s: float = 5.0) -> None:
         """NOT_SERVING on health, then let running streams finish for up to `grace_s`."""
         server, self._server = self._server, None
         if server is None:
             return
+        if self.warming_up is not None:
+            self.warming_up.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.warming_up
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
         for publisher in self.kv_publishers:

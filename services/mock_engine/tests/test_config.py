@@ -65,6 +65,8 @@ class TestConfig:
             ("bootstrap_timeout_s", 0.0),
             ("kv_transfer_ttl_s", math.inf),
             ("kv_connector", "NixlConnector"),  # a vLLM setting, refused on SGLang
+            ("warm_up_requests", 1),  # the vLLM servicer's warm-up, refused on SGLang
+            ("warm_up_ms", -1.0),
         ],
     )
     def test_bad_values_raise(self, field: str, value: object) -> None:
@@ -96,6 +98,16 @@ class TestConfig:
                 kv_events_endpoint="tcp://*:5557",
                 kv_replay_endpoint="tcp://*:5557",
             )
+
+    @pytest.mark.parametrize(
+        "kwargs",
+        [{"warm_up_requests": -1}, {"warm_up_requests": 1, "embedding": True},
+         {"warm_up_requests": 1, "block_size": 128, "context_length": 512}],
+    )  # fmt: skip
+    def test_bad_warm_up_raises(self, kwargs: dict[str, object]) -> None:
+        with pytest.raises(ConfigError) as raised:
+            MockEngineConfig(protocol="vllm", port=1, **kwargs)  # type: ignore[arg-type]
+        assert raised.value.field == "warm_up_requests"
 
     def test_frozen(self) -> None:
         config = MockEngineConfig(protocol="sglang", port=5000)

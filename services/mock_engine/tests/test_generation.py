@@ -350,6 +350,34 @@ class TestKvCache:
         assert sink.events[-1] == AllBlocksCleared() and engine.cache.cached_blocks == 0
 
 
+class TestWarmUp:
+    """The vLLM servicer's warm-up: its requests store blocks, then reset_prefix_cache drops
+    them at once but its AllBlocksCleared goes out only with the next request's step."""
+
+    async def test_reset_is_published_at_the_next_step(self, facts: TokenizerFacts) -> None:
+        sink = Recorder()
+        engine = make_engine(facts, policy=VLLM_POLICY, sink=sink)
+        warm = [tuple(range(2000 + 100 * i, 2032 + 100 * i)) for i in range(3)]
+        await engine.warm_up(warm)
+        assert len(sink.stored()) == 3 and engine.active_requests == 0
+        assert engine.reset_prefix_cache()
+        assert engine.cache.cached_blocks == 0
+        assert AllBlocksCleared() not in sink.events  # held back: no step since
+        before = len(sink.events)
+        steps = await steps_of(engine, prompt=warm[0], max_new_tokens=1)
+        assert steps[0].cached_tokens == 0  # the cache really was dropped
+        assert sink.events[before] == AllBlocksCleared()
+        assert sink.events.count(AllBlocksCleared()) == 1
+        assert isinstance(sink.events[-1], BlockStored)  # then the request's own blocks
+
+    async def test_no_reset_while_a_request_runs(self, facts: TokenizerFacts) -> None:
+        engine = make_engine(facts, itl_s=0.05, policy=VLLM_POLICY, sink=Recorder())
+        request = GenerationRequest("w", LONG, SamplingSpec(ignore_eos=True))
+        async with aclosing(engine.generate(request)) as steps:
+            await anext(steps)
+            assert not engine.reset_prefix_cache()
+
+
 class TestTransferredPrompt:
     async def test_counted_as_cached_without_prefill_cost(self, facts: TokenizerFacts) -> None:
         engine = make_engine(facts)
