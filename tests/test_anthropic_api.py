@@ -251,13 +251,24 @@ class TestToolLoop:
         )
         assert failed.input_tokens > plain.input_tokens
 
-    def test_required_tool_choice(self, stack):
+    @pytest.mark.parametrize(
+        "choice, names",
+        [
+            ({"type": "tool", "name": "get_time"}, {"get_time"}),
+            ({"type": "any", "disable_parallel_tool_use": True}, {"get_time", "get_weather"}),
+        ],
+        ids=["tool", "any"],
+    )
+    def test_required_tool_choice(self, stack, choice, names):
+        """The engine's constraint makes the model call a tool on a prompt that asks none."""
         message = stack.anthropic.messages.create(
             model="ds-v3", max_tokens=128, messages=user("anything at all"), tools=TOOLS,
-            tool_choice={"type": "tool", "name": "get_time"},
+            tool_choice=choice,
         )  # fmt: skip
         uses = [b for b in message.content if b.type == "tool_use"]
-        assert uses and all(u.name == "get_time" for u in uses)
+        assert uses and all(u.name in names for u in uses)
+        if choice.get("disable_parallel_tool_use"):
+            assert len(uses) == 1
         assert message.stop_reason == "tool_use"
 
 
