@@ -22,13 +22,14 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Sequence
+from typing import Any
 
 import xxhash
 
-try:
-    from switchyard.common import _blockhash as native
-except ImportError:  # pragma: no cover - installed without a C compiler
-    native = None  # type: ignore[assignment]
+from switchyard.common.native import load
+
+# The C extension, unless not built or turned off (SWITCHYARD_NATIVE=0, common/native.py).
+native: Any = load("switchyard.common._blockhash")
 
 SEED = 1337
 NATIVE = native is not None

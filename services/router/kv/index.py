@@ -55,6 +55,7 @@ from typing import cast
 from msgspec import Raw
 
 from switchyard.common.block_hash import block_hashes, native
+from switchyard.common.native import load
 from switchyard.router.kv.types import (
     CLEARED_KIND,
     REMOVED,
@@ -144,10 +145,9 @@ def _remove_plain(
                 del masks[own]
 
 
-try:
-    from switchyard.router.kv._index import remove_plain, store_new
-except ImportError:  # pragma: no cover - installed without a C compiler
-    store_new, remove_plain = _store_new, _remove_plain
+_index = load("switchyard.router.kv._index")  # None: not built, or SWITCHYARD_NATIVE=0
+store_new = _index.store_new if _index is not None else _store_new
+remove_plain = _index.remove_plain if _index is not None else _remove_plain
 
 
 def tier_of(medium: str | None, locality: str | None = None) -> int:
