@@ -1,9 +1,11 @@
 """Replies to the preprocessors, batched per peer: per event-loop iteration, and under load
 per reply window.
 
-Each reply is queued for its peer, and one flush sends every peer one ZMQ message holding all
-its replies (a msgpack array): one send per peer instead of one per token, so fewer syscalls
-here and fewer wake-ups and reads in the preprocessor.
+Each reply is queued for its peer, encoded, in the peer's ReplyBatch (frames.py), and one
+flush sends every peer one ZMQ message holding all its replies (a msgpack array): one send per
+peer instead of one per token, so fewer syscalls here and fewer wake-ups and reads in the
+preprocessor. The engine connections' frame readers write streamed token chunks into the
+same batches themselves (a Relay, engines/http2.py), then call `schedule()`.
 
 When the flush runs: an engine's decode step gives every running request its next token at
 once, but the step's replies reach the dispatcher spread over a fraction of a millisecond (the
@@ -22,9 +24,10 @@ from collections.abc import Callable
 
 import zmq
 
+from switchyard.common.engines.frames import PyReplyBatch, ReplyBatch
 from switchyard.common.messaging import LoopSocket
 from switchyard.dispatcher.metrics import DispatcherMetrics
-from switchyard.protos import codec
+from switchyard.protos.codec import encode
 
 log = logging.getLogger(__name__)
 
@@ -42,37 +45,58 @@ class Outbox:
         self._sock = sock
         self._on_peer_gone = on_peer_gone
         self._metrics = metrics
-        self._pending: dict[bytes, list[object]] = {}
+        self._batches: dict[bytes, PyReplyBatch] = {}  # or the C form, alike
+        self._due = False  # a flush is scheduled
         self._loop = asyncio.get_running_loop()
         self._window = window
         self._flushed_at = -window  # loop time of the last flush
 
-    def post(self, peer: bytes, reply: object) -> None:
-        pending = self._pending
-        if not pending:
-            loop = self._loop
-            due = self._flushed_at + self._window
-            if loop.time() < due:
-                loop.call_at(due, self.flush)
-            else:
-                loop.call_soon(self.flush)
-        batch = pending.get(peer)
+    def batch(self, peer: bytes) -> PyReplyBatch:
+        """The peer's batch: replies written into it (a relay's token chunks, frames.py) go
+        out with the next flush, once `schedule()` was called."""
+        batch = self._batches.get(peer)
         if batch is None:
-            pending[peer] = [reply]
+            batch = self._batches[peer] = ReplyBatch()
+        return batch
+
+    def post(self, peer: bytes, reply: object) -> None:
+        self.batch(peer).append(encode(reply))
+        if not self._due:
+            self.schedule()
+
+    def schedule(self) -> None:
+        """Flush on the next loop iteration, or once the window since the last flush ends."""
+        if self._due:
+            return
+        self._due = True
+        loop = self._loop
+        due = self._flushed_at + self._window
+        if loop.time() < due:
+            loop.call_at(due, self.flush)
         else:
-            batch.append(reply)
+            loop.call_soon(self.flush)
 
     def flush(self) -> None:
-        pending, self._pending = self._pending, {}
+        self._due = False
         self._flushed_at = self._loop.time()
-        if self._metrics is not None:
-            self._metrics.messages.inc(len(pending))
-            self._metrics.replies.inc(sum(len(replies) for replies in pending.values()))
-        encode = codec.encode
         send = self._sock.send_multipart
-        for peer, replies in pending.items():
+        messages = replies = 0
+        gone = []
+        for peer, batch in self._batches.items():
+            count = batch.count
+            data = batch.take()
+            if data is None:
+                continue
+            messages += 1
+            replies += count
             try:
-                send([peer, encode(replies)])
+                send([peer, data])
             except zmq.ZMQError as exc:  # the preprocessor went away (ROUTER_MANDATORY)
                 log.debug("replies to a gone peer dropped: %s", exc)
-                self._on_peer_gone(peer)
+                gone.append(peer)
+        if self._metrics is not None and messages:
+            self._metrics.messages.inc(messages)
+            self._metrics.replies.inc(replies)
+        for peer in gone:
+            del self._batches[peer]
+            self._on_peer_gone(peer)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from switchyard.common import errors
 from switchyard.common.engines.base import EngineClient
+from switchyard.common.engines.http2 import Relay
 from switchyard.common.errors import EngineError
 from switchyard.protos.messages import GenerateFailed, GenerateRequest
 
@@ -33,23 +34,32 @@ async def run_generation(
     on_instance_down: Callable[[int, str, str], None],
     on_error: Callable[[str], None] | None = None,
     on_first_token: Callable[[float], None] | None = None,
+    relay: Relay | None = None,
 ) -> None:
-    """`on_first_token(seconds)`: the engine's time to its first reply, once."""
+    """`on_first_token(seconds)`: the engine's time to its first reply, once. `relay`: plain
+    token chunks may go straight into its batch (EngineClient.stream_into), the rest to
+    `send`; both end up in the same batch, in the engine's order."""
     try:
         if on_first_token is None:
-            await client.stream_into(request, send)
+            await client.stream_into(request, send, relay)
         else:
             started = time.perf_counter()
             timed = False
 
-            def emit(event: object) -> None:
+            def first() -> None:
                 nonlocal timed
                 if not timed:
                     timed = True
                     on_first_token(time.perf_counter() - started)
+
+            def emit(event: object) -> None:
+                if not timed:
+                    first()
                 send(event)
 
-            await client.stream_into(request, emit)
+            if relay is not None:
+                relay.on_first = first
+            await client.stream_into(request, emit, relay)
     except asyncio.CancelledError:
         # The caller went away: tell the engine to drop the request, without waiting on it.
         with contextlib.suppress(EngineError):

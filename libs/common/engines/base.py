@@ -18,7 +18,7 @@ from smg_grpc_proto.generated import common_pb2
 
 from switchyard.common import errors
 from switchyard.common.engines import wire
-from switchyard.common.engines.http2 import Http2Streams, StreamCall, closed_error
+from switchyard.common.engines.http2 import Http2Streams, Relay, StreamCall, closed_error
 from switchyard.common.errors import EngineError
 from switchyard.protos.messages import (
     DeltaDetail,
@@ -177,6 +177,7 @@ class EngineClient(abc.ABC):
 
     protocol: ClassVar[str]
     service_name: ClassVar[str]
+    relay_layout: ClassVar[int]  # frames.SGLANG / frames.VLLM: where GenerateResponse's chunk is
 
     def __init__(
         self,
@@ -425,11 +426,16 @@ class EngineClient(abc.ABC):
                 self.instance_id,
             ) from exc
 
-    async def stream_into(self, request: GenerateRequest, emit: Callable[[Any], None]) -> None:
+    async def stream_into(
+        self, request: GenerateRequest, emit: Callable[[Any], None], relay: Relay | None = None
+    ) -> None:
         """The events of `generate(request)`, each handed to `emit` as it comes; returns after
         the last final message, raises as `generate` does. On the HTTP/2 streams with one
         choice and no logprobs (the per-token hot path) the replies are converted in the
-        connection's read callback: no task wake-up and no generator per token."""
+        connection's read callback: no task wake-up and no generator per token. With `relay`
+        as well, a streamed request's plain token chunks go straight into `relay.sink` as
+        encoded TokenDeltas (http2.Relay, frames.py), and only the rest comes to `emit`: the
+        order of the two is the engine's."""
         if (
             self.streams is None
             or request.sampling.n != 1
@@ -442,11 +448,14 @@ class EngineClient(abc.ABC):
         call = self._call(
             self._built(request), call_metadata(request.http_request_id, request.traceparent)
         )
+        if relay is not None and request.stream:
+            call.relay_to(relay, request.request_id, self.relay_layout)
         plain = _PlainReplies(request, self._finished)
         convert = plain.convert
 
         def on_items(call: StreamCall) -> None:
             items = call.items
+            plain.generated += call.take_relayed()
             while items:
                 if convert(items.popleft(), emit):
                     items.clear()

@@ -47,6 +47,7 @@ import grpc
 import hpack
 
 from switchyard.common import errors
+from switchyard.common.engines import frames
 from switchyard.common.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -153,6 +154,25 @@ def status_error(
     return EngineError(errors.kind_of_status(code, connected), message, instance_id, code)
 
 
+class Relay:
+    """Where a stream's plain token chunks go, written by the connection's frame reader
+    (frames.py) without a Python object per token: `sink`, a frames.ReplyBatch; `on_read(n)`
+    after each read of the connection that wrote n of them (for any of its relayed streams);
+    `on_first()` once this stream's first one was written (None: not asked)."""
+
+    __slots__ = ("sink", "on_read", "on_first")
+
+    def __init__(
+        self,
+        sink: Any,
+        on_read: Callable[[int], None],
+        on_first: Callable[[], None] | None = None,
+    ) -> None:
+        self.sink = sink
+        self.on_read = on_read
+        self.on_first = on_first
+
+
 class StreamCall:
     """One server-streaming call: iterate it for the decoded replies; `cancel()` resets it.
     The request goes out at the first iteration (after the connection, when it must open).
@@ -160,7 +180,10 @@ class StreamCall:
     Or, the per-token way, `feed(on_items)` then `await until_done()`: `on_items(call)` is
     called in the connection's read callback each time replies arrive, takes them from
     `call.items` and calls `stop_reading()` once it has all it wants; no task wakes up per
-    message, only `until_done` at the end (or at the call's failure, which it raises)."""
+    message, only `until_done` at the end (or at the call's failure, which it raises).
+    With `relay_to(...)` as well, plain token chunks skip even that: the frame reader writes
+    them into the relay's batch, and `on_items` sees the rest (the final message; any reply
+    that is not a plain chunk), with `take_relayed()` the count of token ids it wrote."""
 
     __slots__ = (
         "_streams",
@@ -179,6 +202,10 @@ class StreamCall:
         "received",
         "_on_items",
         "_stopped",
+        "relay",
+        "relay_id",
+        "relay_layout",
+        "relayed",
     )
 
     def __init__(
@@ -200,9 +227,37 @@ class StreamCall:
         self.received = 0  # stream data consumed since its last WINDOW_UPDATE
         self._on_items: Callable[[StreamCall], None] | None = None
         self._stopped = False  # the feed's consumer has every reply it wants
+        self.relay: Relay | None = None
+        self.relay_id = ""
+        self.relay_layout = 0
+        self.relayed = 0  # token ids the frame reader relayed and take_relayed did not count
 
     def feed(self, on_items: Callable[[StreamCall], None]) -> None:
         self._on_items = on_items
+
+    def relay_to(self, relay: Relay, request_id: str, layout: int) -> None:
+        """Plain chunks of the stream go to `relay` as TokenDeltas of `request_id` (`layout`:
+        frames.SGLANG or frames.VLLM); call before the call starts, with `feed`."""
+        self.relay = relay
+        self.relay_id = request_id
+        self.relay_layout = layout
+
+    def take_relayed(self) -> int:
+        """Token ids relayed since the last call."""
+        count, self.relayed = self.relayed, 0
+        return count
+
+    def first_relayed(self) -> None:
+        relay = self.relay
+        if relay is not None and relay.on_first is not None:
+            relay.on_first()
+
+    def handed_back(self, data: bytes, received: int, tokens: int) -> None:
+        """The frame reader stopped relaying: `data` is the stream's undelivered bytes."""
+        self.received += received
+        self.relayed += tokens
+        if data:
+            self.data(data)
 
     def stop_reading(self) -> None:
         self._stopped = True
@@ -371,7 +426,8 @@ class Http2Connection(asyncio.Protocol):
         self.usable = True  # new streams may start here (not lost, no GOAWAY)
         self.lost = False
         self._decoder = hpack.Decoder()
-        self._buffer = b""
+        self._reader = frames.FrameReader(MAX_MESSAGE, REFILL)
+        self._on_read: Callable[[int], None] | None = None  # a Relay's (see data_received)
         self._block: list[bytes] = []  # a header block continued in CONTINUATION frames
         self._block_stream = 0
         self._block_end = False
@@ -379,7 +435,6 @@ class Http2Connection(asyncio.Protocol):
         self.peer_initial = DEFAULT_WINDOW
         self.peer_frame = DEFAULT_FRAME
         self.peer_streams = 2**31  # SETTINGS_MAX_CONCURRENT_STREAMS (none said: no limit)
-        self._received = 0  # connection data consumed since our last WINDOW_UPDATE
         self._blocked: deque[StreamCall] = deque()  # calls with request bytes to send
         self._slot_waiters: deque[asyncio.Future[None]] = deque()
         self._ping_timer: asyncio.TimerHandle | None = None
@@ -466,6 +521,11 @@ class Http2Connection(asyncio.Protocol):
         call.conn = self
         call.send_window = self.peer_initial
         self.calls[stream_id] = call
+        relay = call.relay
+        if relay is not None:
+            self._on_read = relay.on_read
+            owner = call if relay.on_first is not None else None
+            self._reader.relay(stream_id, relay.sink, call.relay_id, call.relay_layout, owner)
         out = bytearray()
         limit = self.peer_frame
         if len(header_block) <= limit:
@@ -516,6 +576,8 @@ class Http2Connection(asyncio.Protocol):
         """A stream ended: its slot is free for a waiting call."""
         if self.calls.pop(call.stream_id, None) is None:
             return
+        if call.relay is not None:
+            self._reader.forget(call.stream_id)
         if not self.usable and not self.calls and self.transport is not None:
             self._flush()
             self.transport.close()  # after GOAWAY: its last stream ended
@@ -568,42 +630,58 @@ class Http2Connection(asyncio.Protocol):
     # -- reading (hot path) ------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        buf = self._buffer + data if self._buffer else data
-        pos, size = 0, len(buf)
-        calls = self.calls
-        while size - pos >= 9:
-            length = buf[pos] << 16 | buf[pos + 1] << 8 | buf[pos + 2]
-            end = pos + 9 + length
-            if end > size:
-                break
-            kind = buf[pos + 3]
-            flags = buf[pos + 4]
-            stream_id = int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
-            payload = buf[pos + 9 : end]
-            pos = end
+        """Every frame of the read, through the frame reader (frames.py): relayed streams'
+        token chunks never reach Python; the other frames come back one by one."""
+        reader = self._reader
+        relayed = reader.relayed
+        event = reader.feed(data)
+        while event is not None:
+            kind, flags, stream_id, payload = event
             if kind == DATA:
-                self._received += length
-                call = calls.get(stream_id)
+                self._data(flags, stream_id, payload)
+            elif kind == frames.HANDBACK:
+                call = self.calls.get(stream_id)
                 if call is not None:
-                    if flags & PADDED:
-                        payload = payload[1 : length - payload[0]]
-                    call.received += length
-                    call.data(payload)
-                    if flags & END_STREAM and not call.ended:
-                        call.headers([], True)  # no trailers: INTERNAL, as gRPC says
-                    elif call.received >= REFILL:
-                        self._refill(stream_id, call.received)
-                        call.received = 0
-                if self._received >= REFILL:
-                    self._refill(0, self._received)
-                    self._received = 0
+                    call.handed_back(*payload)
+                    self._data_done(call, stream_id, 0)
             elif kind == HEADERS or kind == CONTINUATION:
                 self._header_frame(kind, flags, stream_id, payload)
+            elif kind == frames.REFILL:
+                self._refill(0, payload)
             else:
                 self._control(kind, flags, stream_id, payload)
             if self.lost:
+                break
+            event = reader.feed(b"")
+        if reader.relayed != relayed:
+            on_read = self._on_read
+            if on_read is not None:
+                on_read(reader.relayed - relayed)
+            firsts = reader.take_firsts()
+            if firsts is not None:
+                for call in firsts:
+                    call.first_relayed()
+
+    def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
+        call = self.calls.get(stream_id)
+        if call is None:
+            return
+        length = len(payload)
+        if flags & PADDED:
+            if not payload or payload[0] >= length:
+                self._protocol_error("a DATA frame's padding is not shorter than the frame")
                 return
-        self._buffer = buf[pos:] if pos < size else b""
+            payload = payload[1 : length - payload[0]]
+        call.received += length
+        call.data(payload)
+        self._data_done(call, stream_id, flags)
+
+    def _data_done(self, call: StreamCall, stream_id: int, flags: int) -> None:
+        if flags & END_STREAM and not call.ended:
+            call.headers([], True)  # no trailers: INTERNAL, as gRPC says
+        elif call.received >= REFILL:
+            self._refill(stream_id, call.received)
+            call.received = 0
 
     def _refill(self, stream_id: int, amount: int) -> None:
         self._write(frame(WINDOW_UPDATE, 0, stream_id, _U32.pack(amount)))

@@ -20,7 +20,7 @@ from google.protobuf import json_format
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 
-from switchyard.common.engines import wire
+from switchyard.common.engines import frames, wire
 from switchyard.common.engines.base import EngineClient, EngineInfo
 from switchyard.common.kv_endpoints import publisher_binds
 from switchyard.protos import messages as m
@@ -123,6 +123,7 @@ class SglangClient(EngineClient):
     proto = pb
     service_name = "sglang.grpc.scheduler.SglangScheduler"
     stub_class = pb_grpc.SglangSchedulerStub
+    relay_layout = frames.SGLANG
 
     async def info(self, timeout: float) -> EngineInfo:
         model, server = await self._model_and_server_info(timeout)

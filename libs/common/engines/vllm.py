@@ -18,7 +18,7 @@ from __future__ import annotations
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 
-from switchyard.common.engines import wire
+from switchyard.common.engines import frames, wire
 from switchyard.common.engines.base import EngineClient, EngineInfo
 from switchyard.protos import messages as m
 from switchyard.protos.messages import (
@@ -58,6 +58,7 @@ class VllmClient(EngineClient):
     proto = pb
     service_name = "vllm.grpc.engine.VllmEngine"
     stub_class = pb_grpc.VllmEngineStub
+    relay_layout = frames.VLLM
 
     async def info(self, timeout: float) -> EngineInfo:
         model, server = await self._model_and_server_info(timeout)

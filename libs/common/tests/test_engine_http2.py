@@ -18,7 +18,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as vpb
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vgrpc
 
 from switchyard.common import errors
-from switchyard.common.engines import http2
+from switchyard.common.engines import frames, http2
 from switchyard.common.engines.http2 import DATA, END_HEADERS, END_STREAM, HEADERS, frame
 from switchyard.common.errors import EngineError
 
@@ -497,6 +497,87 @@ class TestFraming:
         got, error, peer = await run_against(script)
         assert got == [] and (error.kind, error.instance_id) == (kind, INSTANCE)
         assert why in error.message and peer.resets == {1: 0x2}  # INTERNAL_ERROR
+
+
+    async def test_padding_as_long_as_the_frame_is_a_protocol_error(self):
+        """RFC 9113 6.1 (a padded DATA frame with no room for its padding; an empty one
+        raised IndexError in the read callback before the frame reader)."""
+
+        async def script(peer):
+            await answered(peer, head(1), frame(DATA, http2.PADDED, 1, b"\x05abc"))
+            await peer.gone.wait()
+
+        got, error, _ = await run_against(script)
+        assert got == [] and error.kind == errors.ENGINE_ERROR and "padding" in error.message
+
+
+def complete(*ids: int) -> vpb.GenerateResponse:
+    done = vpb.GenerateComplete(output_ids=ids, finish_reason="length", prompt_tokens=3)
+    return vpb.GenerateResponse(complete=done)
+
+
+class TestRelay:
+    """A streamed plain request with a Relay: its plain chunks go into the batch, the rest
+    (the final message; anything not a plain chunk, and all after it) to `emit`."""
+
+    async def relayed(self, script) -> tuple[list, list, list[int], int]:
+        from switchyard.common.engines.vllm import VllmClient
+        from switchyard.protos import codec
+        from switchyard.protos.messages import GenerateRequest, SamplingParams
+
+        batch = frames.ReplyBatch()
+        reads: list[int] = []
+        firsts = []
+        relay = http2.Relay(batch, reads.append, lambda: firsts.append(1))
+        emitted: list = []
+        sampling = SamplingParams(max_tokens=9)
+        request = GenerateRequest(
+            request_id="rq", instance_id=INSTANCE, token_ids=[1], sampling=sampling
+        )
+        async with fake_engine(script) as engine, streams_to(engine.port) as streams:
+            channel = grpc.aio.insecure_channel(f"127.0.0.1:{engine.port}")
+            client = VllmClient(channel, INSTANCE, streams)
+            async with asyncio.timeout(5):
+                await client.stream_into(request, emitted.append, relay)
+            await channel.close()
+        taken = batch.take()
+        relayed = [] if taken is None else codec.dispatcher_replies.decode(taken)
+        return relayed, emitted, reads, len(firsts)
+
+    async def test_plain_chunks_go_to_the_batch(self):
+        from switchyard.protos.messages import TokenDelta
+
+        relayed, emitted, reads, firsts = await self.relayed(
+            lambda peer: answered(peer, answer(1, reply(1), reply(2, 3), complete(2, 3)))
+        )
+        assert relayed == [TokenDelta("rq", [1]), TokenDelta("rq", [2, 3])]
+        [finished] = emitted
+        assert (finished.completion_tokens, finished.finish_reason) == (3, "length")
+        assert sum(reads) == 2 and firsts == 1
+
+    async def test_a_reply_that_is_not_plain_takes_the_rest_of_the_stream_to_emit(self):
+        from switchyard.protos.messages import TokenDelta
+
+        odd = reply(2)
+        odd.chunk.output_logprobs.token_logprobs.append(-1.0)  # not asked for: ignored
+        relayed, emitted, _, firsts = await self.relayed(
+            lambda peer: answered(peer, answer(1, reply(1), odd, reply(3), complete(3)))
+        )
+        assert relayed == [TokenDelta("rq", [1])]
+        assert emitted[:2] == [TokenDelta("rq", [2]), TokenDelta("rq", [3])]
+        assert emitted[2].completion_tokens == 3 and len(emitted) == 3 and firsts == 1
+
+    async def test_a_stream_that_ends_inside_a_relayed_message_fails(self):
+        """Its trailers hand the stream back with the partial message first."""
+        cut = message(reply(2))[:-1]
+        with pytest.raises(EngineError) as caught:
+            await self.relayed(
+                lambda peer: answered(
+                    peer, head(1), data(1, message(reply(1)) + cut), trailers(1)
+                )
+            )
+        assert caught.value.kind == errors.ENGINE_ERROR
+        assert "inside a message" in caught.value.message
 
 
 class Recording:

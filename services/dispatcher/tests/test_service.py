@@ -18,6 +18,7 @@ import zmq.asyncio
 from support.mock_engine import wait_until
 
 from switchyard.common import errors
+from switchyard.common.engines import frames
 from switchyard.common.fleet_client import FleetClient
 from switchyard.common.instance_id import instance_id
 from switchyard.common.ports import free_port
@@ -46,9 +47,14 @@ def endpoint() -> str:
 
 class Stack:
     def __init__(
-        self, dealer: zmq.asyncio.Socket, ids: dict[str, int], engines: dict[str, MockEngineServer]
+        self,
+        dealer: zmq.asyncio.Socket,
+        ids: dict[str, int],
+        engines: dict[str, MockEngineServer],
+        dispatcher: DispatcherService,
     ) -> None:
         self.dealer = dealer
+        self.dispatcher = dispatcher
         self.ids = ids  # "generation" / "embedding" -> instance id
         self.engines = engines  # the MockEngineServers, by the same names
         # Replies read but not yet returned, by request id.
@@ -126,7 +132,7 @@ async def stack() -> AsyncIterator[Stack]:
             ids = {name: instance_id(url) for name, url in urls.items()}
             kinds = {i.instance_id: i.is_generation for i in watcher.instances.values()}
             assert kinds == {ids["generation"]: True, ids["embedding"]: False}
-            yield Stack(dealer, ids, {"generation": gen, "embedding": emb})
+            yield Stack(dealer, ids, {"generation": gen, "embedding": emb}, dispatcher)
         finally:
             stop.set()
             if running is not None:
@@ -244,6 +250,52 @@ class TestGenerateExtras:
         replies = await s.replies("after", GenerateFinished)
         assert isinstance(replies[-1], GenerateFinished)
         await wait_until(lambda: s.engines["generation"].engine.active_requests == 0)
+
+
+class TestRelayedStreams:
+    """Streamed plain requests: the engine connection's frame reader writes their token chunks
+    into the outbox itself (frames.py; with the C extension, else the Python path)."""
+
+    async def test_the_same_replies_as_the_decoded_path(self, dispatcher_stack: Stack) -> None:
+        s = dispatcher_stack
+        sampling = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+        await s.send([generate(s, f"p{i}", sampling=sampling) for i in range(4)])
+        # logprobs go the decoded way (base.EngineClient._generate_detailed), never relayed
+        await s.send(generate(s, "decoded", sampling=sampling, logprobs=0))
+        outputs = {}
+        for rid in ("p0", "p1", "p2", "p3", "decoded"):
+            replies = await s.replies(rid, GenerateFinished)
+            [finished] = [r for r in replies if isinstance(r, GenerateFinished)]
+            ids = [t for r in replies if isinstance(r, TokenDelta) for t in r.token_ids]
+            assert finished.completion_tokens == len(ids) == 40
+            assert isinstance(replies[-1], GenerateFinished)
+            outputs[rid] = ids
+        assert len({tuple(ids) for ids in outputs.values()}) == 1  # greedy: all alike
+        client = s.dispatcher.pool.get(s.ids["generation"])
+        assert client is not None and client.streams is not None
+        conn = client.streams._conn
+        assert conn is not None
+        assert (conn._reader.relayed > 0) == frames.NATIVE
+
+    async def test_the_engine_ttft_is_timed_once_per_stream(self, dispatcher_stack: Stack) -> None:
+        s = dispatcher_stack
+        worker = s.dispatcher._worker_of(s.ids["generation"])
+        series = s.dispatcher.metrics.engine_ttft.labels(*worker)
+        before = sum(series.counts)
+        await s.send([generate(s, f"t{i}") for i in range(3)])
+        for i in range(3):
+            await s.replies(f"t{i}", GenerateFinished)
+        assert sum(series.counts) - before == 3
+
+    async def test_relayed_replies_count_as_activity(self, dispatcher_stack: Stack) -> None:
+        s = dispatcher_stack
+        stall = s.dispatcher.stall
+        assert stall is not None
+        activity = stall.activity(s.ids["generation"], 0.0)
+        before = activity.replies
+        await s.send(generate(s, "active"))
+        replies = await s.replies("active", GenerateFinished)
+        assert activity.replies - before == len(replies) >= 2  # token chunks, the final one
 
 
 class TestBatchedRequests:

@@ -32,7 +32,7 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.closed = False
 
-    async def stream_into(self, request, emit):
+    async def stream_into(self, request, emit, relay=None):
         for event in self.events:
             emit(event)
         if self.hang:
