@@ -13,6 +13,7 @@ runs' ratios.
     python bench/gateways.py --quick       # tiny, for a smoke test
     python bench/gateways.py --no-smg      # without smg (no install)
     python bench/gateways.py --repeats 3   # 3 runs each: medians, and the CPU ratio's range
+    python bench/gateways.py --configs stream-16,whole-16   # some configurations only
 
 Results: bench/results/gateways.md (+ each run's load.md/load.json under gateways/).
 """
@@ -34,10 +35,14 @@ LOADS = ("c1", "c32", "c128")
 CONFIGS = ((True, 16, 0.5), (False, 16, 0.5), (True, 256, 0.15), (False, 256, 0.15))
 
 
+def config_name(stream: bool, tokens: int) -> str:
+    return f"{'stream' if stream else 'whole'}-{tokens}"
+
+
 def run_config(
     stream: bool, tokens: int, scale: float, args: argparse.Namespace, repeat: int = 0
 ) -> dict:
-    out = args.out_dir / "gateways" / f"{'stream' if stream else 'whole'}-{tokens}"
+    out = args.out_dir / "gateways" / config_name(stream, tokens)
     if args.repeats > 1:
         out = out / f"run-{repeat + 1}"
     argv = [sys.executable, str(HERE / "load.py"), "--router-mode", "kv", "--no-plots"]
@@ -156,7 +161,17 @@ def main(argv: list[str] | None = None) -> int:
         help="load.py runs per configuration: the table gives medians (CPU: with the range)",
     )
     parser.add_argument("--out-dir", type=Path, default=HERE / "results")
+    names = [config_name(stream, tokens) for stream, tokens, _ in CONFIGS]
+    parser.add_argument(
+        "--configs",
+        default=",".join(names),
+        help=f"which configurations, comma-separated (default all: {','.join(names)})",
+    )
     args = parser.parse_args(argv)
+    chosen = [name.strip() for name in args.configs.split(",") if name.strip()]
+    unknown = sorted(set(chosen) - set(names))
+    if unknown or not chosen:
+        parser.error(f"unknown --configs {unknown}; known: {','.join(names)}")
     lines = [
         "# Gateways: Switchyard (kv) vs the engine floor vs smg",
         "",
@@ -173,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     for stream, tokens, scale in CONFIGS:
+        if config_name(stream, tokens) not in chosen:
+            continue
         runs = [run_config(stream, tokens, scale, args, k) for k in range(args.repeats)]
         lines += rows(stream, tokens, runs)
     text = "\n".join(lines) + "\n"
