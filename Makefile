@@ -20,10 +20,11 @@ UV_COMPILE := $(UV) pip compile pyproject.toml - --quiet --universal --python-ve
 BUILD_REQUIRES := $(PY) -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))'
 
 .PHONY: install run test unit e2e lint docs bench clean lock compose-test base-image postgres \
-	nss-wrapper test-engines
+	nss-wrapper test-engines test-pure fuzz
 
 # The C extensions' sources too: the editable install builds them in place.
-$(STAMP): $(DEV_LOCK) pyproject.toml $(wildcard libs/common/*.c services/router/kv/*.c)
+$(STAMP): $(DEV_LOCK) pyproject.toml \
+	$(wildcard libs/common/*.c libs/common/engines/*.[ch] services/router/kv/*.c)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --require-hashes -r $(DEV_LOCK)
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
@@ -57,6 +58,20 @@ unit: $(STAMP) postgres
 
 e2e: $(STAMP) postgres nss-wrapper
 	$(BIN)/pytest -q tests
+
+# The C extensions turned off (SWITCHYARD_NATIVE=0, libs/common/native.py) over the suites
+# that reach their pure-Python forms: the shared libraries, the dispatcher, the router (KV
+# index, block hashes) and the OpenAI API end to end (every process they start inherits it).
+PURE_TESTS := libs services/dispatcher services/router tests/test_openai_api.py
+test-pure: $(STAMP) postgres
+	SWITCHYARD_NATIVE=0 $(BIN)/pytest -q $(PURE_TESTS)
+
+# libFuzzer with ASan and UBSan over every C parser of bytes from the network
+# (libs/common/fuzz/run.py), FUZZ_SECONDS per harness; installs Debian's clang and its
+# libFuzzer runtime when missing (as root; otherwise it says what to run).
+FUZZ_SECONDS ?= 60
+fuzz: $(STAMP)
+	$(BIN)/python libs/common/fuzz/run.py --install --seconds $(FUZZ_SECONDS)
 
 # The stored-responses tests run a real PostgreSQL server (throwaway clusters of their own):
 # Debian's package, installed when missing (as root; otherwise it says what to run).
