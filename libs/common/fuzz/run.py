@@ -34,8 +34,9 @@ DEBIAN_PACKAGES = ("clang", "libclang-rt-14-dev")
 MISSING = f"clang with libFuzzer is missing: apt-get install {' '.join(DEBIAN_PACKAGES)}"
 
 
-def have_libfuzzer(clang: str, work: Path) -> bool:
-    """clang can link a libFuzzer binary (the runtime is a separate Debian package)."""
+def libfuzzer_error(clang: str, work: Path) -> str | None:
+    """None when clang can link a libFuzzer binary (the runtime is a separate Debian
+    package), else what clang said."""
     probe = work / "probe.c"
     probe.write_text(
         "#include <stdint.h>\n#include <stddef.h>\n"
@@ -44,29 +45,33 @@ def have_libfuzzer(clang: str, work: Path) -> bool:
     done = subprocess.run(
         [clang, *FLAGS, str(probe), "-o", str(work / "probe")], capture_output=True
     )
-    return done.returncode == 0
+    return None if done.returncode == 0 else done.stderr.decode(errors="replace")[-2000:]
+
+
+def apt_get(*args: str) -> None:
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    done = subprocess.run(["apt-get", *args], env=env, stdout=subprocess.DEVNULL)
+    if done.returncode != 0:
+        raise SystemExit(f"apt-get {' '.join(args)} failed (exit {done.returncode})")
 
 
 def find_clang(work: Path, install: bool) -> str | None:
     clang = shutil.which("clang")
-    if clang is not None and have_libfuzzer(clang, work):
+    if clang is not None and libfuzzer_error(clang, work) is None:
         return clang
     if not install:
         return None
     if os.geteuid() != 0:
         raise SystemExit(MISSING)
     print("installing clang and libFuzzer from Debian's packages", flush=True)
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, stdout=subprocess.DEVNULL)
-    subprocess.run(
-        ["apt-get", "install", "-y", "-qq", *DEBIAN_PACKAGES],
-        check=True,
-        env=env,
-        stdout=subprocess.DEVNULL,
-    )
+    apt_get("update", "-qq")
+    apt_get("install", "-y", "-qq", *DEBIAN_PACKAGES)
     clang = shutil.which("clang")
-    if clang is None or not have_libfuzzer(clang, work):
-        raise SystemExit("clang was installed but cannot link a libFuzzer binary")
+    if clang is None:
+        raise SystemExit(f"apt-get installed {' '.join(DEBIAN_PACKAGES)} but no clang is on PATH")
+    error = libfuzzer_error(clang, work)
+    if error is not None:
+        raise SystemExit(f"clang was installed but cannot link a libFuzzer binary:\n{error}")
     return clang
 
 
