@@ -5,5 +5,6 @@ form), engines/ (the engine gRPC adapters), messaging, replicas (every replica b
 service's name), fleet_client, ports, endpoints, runner, healthcheck; settings (flags,
 SWITCHYARD_<FLAG>, the --config file), argtypes (count and seconds flags), logs
 (--log-format), metrics, loop_histogram; heap (the start-up heap, frozen); scratch
-(per-process temporary folders).
+(per-process temporary folders); native (which C extensions run: SWITCHYARD_NATIVE=0 turns
+them off); fuzz/ (libFuzzer harnesses of the C that reads network bytes).
 """
