@@ -3,8 +3,8 @@ vLLM's own server (its /v1/messages) on the same model, greedy: the same text, s
 and token counts, streamed and not, and count_tokens equal to what a message bills on both.
 
 (A tool loop is not compared: vLLM hands the chat template an earlier call's arguments as a
-map, which the DeepSeek-V3 template of the test model concatenates as a string, so vLLM's
-server answers it with a 400; the mock-engine suite covers Switchyard's tool loop.)"""
+map, which the DeepSeek-V3 template of the test model concatenates as a string; the
+mock-engine suite covers Switchyard's tool loop.)"""
 
 from __future__ import annotations
 
