@@ -25,6 +25,9 @@ The mapping:
     thinking                            the model's thinking switch (stages.messages)
     cache_control (anywhere)            accepted: the engines cache every prompt's prefix
 
+As in Anthropic's API, a tool_use is answered by a tool_result in the next message and a
+tool_result answers a tool_use of the message before it (`_paired`): else a 400.
+
 Refused with a 400 naming them: image, document and other media or server-tool blocks,
 redacted_thinking, citations, server tools (bash, web search, ...), input_examples,
 defer_loading, allowed_callers, thinking.display "summarized" (no summarizer here),
@@ -253,16 +256,55 @@ def _messages(raw: list[schema.MessageParam]) -> list[dict[str, Any]]:
         where = f"messages[{i}].content"
         if isinstance(message.content, str):
             out.append({"role": message.role, "content": message.content})
-            continue
-        if not message.content:
+        elif not message.content:
             raise InvalidRequestError(
                 f"'{where}' must not be empty.", MISSING_FIELD, f"messages[{i}].content"
             )
-        if message.role == "user":
+        elif message.role == "user":
             out += _user(message.content, where, names)
         else:
             out.append(_assistant(message.content, where, names))
+        _paired(raw, i)  # its blocks are valid now
     return out
+
+
+def _ids(message: schema.MessageParam, kind: str, key: str) -> list[tuple[int, Any]]:
+    """(block index, id) of the message's blocks of one kind (an id is not checked here)."""
+    if isinstance(message.content, str):
+        return []
+    return [
+        (j, b.get(key))
+        for j, b in enumerate(message.content)
+        if isinstance(b, dict) and b.get("type") == kind
+    ]
+
+
+def _paired(raw: list[schema.MessageParam], i: int) -> None:
+    """As Anthropic's API: the tool_use blocks of an assistant message are answered by
+    tool_result blocks in the next message, and a tool_result answers a tool_use of the
+    message before it. (A lone last assistant message is a prefill, refused with tool_use.)"""
+    message = raw[i]
+    before = raw[i - 1] if i > 0 and raw[i - 1].role == "assistant" else None
+    asked = {u for _, u in _ids(before, "tool_use", "id")} if before is not None else set()
+    answered = _ids(message, "tool_result", "tool_use_id") if message.role == "user" else []
+    for j, use_id in answered:
+        if use_id not in asked:
+            raise InvalidRequestError(
+                f"Unexpected `tool_use_id` found in `tool_result` blocks: {use_id}. Each "
+                "`tool_result` block must have a corresponding `tool_use` block in the "
+                "previous message.",
+                INVALID_VALUE,
+                f"messages[{i}].content[{j}].tool_use_id",
+            )
+    missing = sorted(asked - {u for _, u in answered})
+    if missing:
+        raise InvalidRequestError(
+            f"`tool_use` ids were found without `tool_result` blocks immediately after: "
+            f"{', '.join(map(str, missing))}. Each `tool_use` block must have a corresponding "
+            "`tool_result` block in the next message.",
+            INVALID_VALUE,
+            f"messages[{i}].content",
+        )
 
 
 def _user(blocks: list[Any], where: str, names: dict[str, str]) -> list[dict[str, Any]]:

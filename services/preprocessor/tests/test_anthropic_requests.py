@@ -244,6 +244,44 @@ class TestRefused:
         assert refused(messages=messages, tools=[TOOL]).param == "messages[1].content"
 
 
+class TestToolPairing:
+    """As Anthropic's API (and smg): a tool_use is answered in the next message, a
+    tool_result answers a tool_use of the message before it; else a 400 naming where."""
+
+    USE = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}
+
+    def result(self, use_id: str = "toolu_1") -> dict:
+        return {"type": "tool_result", "tool_use_id": use_id, "content": "sunny"}
+
+    def history(self, answer) -> list[dict]:
+        return [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": [{"type": "text", "text": "Let me check."}, self.USE]},
+            {"role": "user", "content": answer},
+        ]
+
+    def test_answered(self):
+        req = parse_messages(body(messages=self.history([self.result()]), tools=[TOOL]))
+        assert [m["role"] for m in req.messages] == ["user", "assistant", "tool"]
+
+    @pytest.mark.parametrize(
+        "answer", ["go on", [{"type": "text", "text": "go on"}]], ids=["string", "blocks"]
+    )
+    def test_a_tool_use_left_unanswered(self, answer):
+        err = refused(messages=self.history(answer), tools=[TOOL])
+        assert err.param == "messages[2].content"
+        assert "toolu_1" in err.message and "tool_result" in err.message
+
+    def test_a_result_of_no_tool_use(self):
+        answer = [self.result(), self.result("toolu_9")]
+        err = refused(messages=self.history(answer), tools=[TOOL])
+        assert err.param == "messages[2].content[1].tool_use_id" and "toolu_9" in err.message
+
+    def test_a_result_without_a_call_before_it(self):
+        err = refused(messages=[{"role": "user", "content": [self.result()]}])
+        assert err.param == "messages[0].content[0].tool_use_id"
+
+
 class TestErrors:
     @pytest.mark.parametrize(
         "err, status, kind",
