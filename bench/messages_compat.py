@@ -173,6 +173,22 @@ def tool_loop(c: anthropic.Anthropic, base: str) -> None:
            f"content {m.content}")  # fmt: skip
 
 
+def unanswered_tool_use(c: anthropic.Anthropic, base: str) -> None:
+    """A tool_use not answered by a tool_result in the next message: Anthropic's 400."""
+    use = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": ARGS}
+    history = [
+        *user(QUESTION),
+        {"role": "assistant", "content": [{"type": "text", "text": "Let me check."}, use]},
+        *user("go on"),
+    ]
+    try:
+        c.messages.create(model=MODEL, max_tokens=8, messages=history, tools=TOOLS)
+    except anthropic.BadRequestError as exc:
+        expect("toolu_1" in str(exc.body), f"the id is not named: {exc.body}")
+        return
+    raise Failed("accepted")
+
+
 def max_tokens_required(c: anthropic.Anthropic, base: str) -> None:
     try:
         c.messages.create(model=MODEL, messages=user("x"), max_tokens=anthropic.omit, timeout=30)
@@ -263,6 +279,7 @@ CHECKS: list[tuple[str, Callable[[anthropic.Anthropic, str], None]]] = [
     ("tool_use (input parsed)", tool_use),
     ("tool_use streamed (input_json_delta)", tool_use_stream),
     ("tool loop with tool_result", tool_loop),
+    ("tool_use without tool_result: 400", unanswered_tool_use),
     ("max_tokens required (400, Anthropic shape)", max_tokens_required),
     ("errors: 404 model, 400 unknown field", error_shapes),
     ("count_tokens == billed input", count_tokens),
