@@ -23,6 +23,7 @@ from switchyard.preprocessor.responses_requests import ResponsesRequest
 from switchyard.preprocessor.stages import messages, stored
 from switchyard.preprocessor.stages.context import CHAT, RequestContext, Sink
 from switchyard.preprocessor.stages.responses import (
+    Progress,
     ResponseCollectSink,
     ResponseHead,
     ResponseStreamSink,
@@ -37,7 +38,14 @@ def sink_for(ctx: RequestContext) -> Sink:
     if isinstance(req, ResponsesRequest):
         shown = {**req.shown, **stored.shown(ctx)}
         keep = functools.partial(stored.keep, ctx)
-        head = ResponseHead(stored.response_id(ctx), req.model, inp.created, shown, keep)
+        head = ResponseHead(
+            stored.response_id(ctx),
+            req.model,
+            inp.created,
+            shown,
+            keep,
+            functools.partial(progress, ctx),
+        )
         return ResponseStreamSink(http, head) if req.stream else ResponseCollectSink(http, head)
     if isinstance(req, MessagesRequest):
         return messages.sink(ctx)
@@ -51,21 +59,33 @@ def sink_for(ctx: RequestContext) -> Sink:
     return CollectSink(http, inp.request_id, req.model, inp.created, chat)
 
 
+def usage_of(ctx: RequestContext) -> Usage:
+    """The request's usage so far (the n choices of a prompt share its cached prefix)."""
+    state = ctx.state
+    cached: dict[int, int] = {}
+    for choice in state.choices:
+        cached[choice.group] = max(cached.get(choice.group, 0), choice.cached_tokens)
+    return Usage(
+        sum(len(ids) for ids in state.prompt_ids),
+        sum(len(c.generated) for c in state.choices),
+        sum(cached.values()),
+        sum(c.reasoning_tokens for c in state.choices),
+    )
+
+
+def progress(ctx: RequestContext) -> Progress:
+    """What a response that fails has so far: its choices, usage, and whether an engine
+    took it (a generation was routed to one)."""
+    state = ctx.state
+    return state.choices, usage_of(ctx), any(g.instance_id for g in state.generations)
+
+
 async def finish(ctx: RequestContext) -> None:
     state = ctx.state
     sink = state.sink
     assert sink is not None
     req = ctx.request
-    completion = sum(len(c.generated) for c in state.choices)
-    cached: dict[int, int] = {}
-    for choice in state.choices:  # the n choices of a prompt share its cached prefix
-        cached[choice.group] = max(cached.get(choice.group, 0), choice.cached_tokens)
-    usage = Usage(
-        sum(len(ids) for ids in state.prompt_ids),
-        completion,
-        sum(cached.values()),
-        sum(c.reasoning_tokens for c in state.choices),
-    )
+    usage = usage_of(ctx)
     if isinstance(sink, CollectSink):
         if isinstance(req, CompletionRequest) and req.best_of > req.sampling.n:
             sink.keep = req.sampling.n

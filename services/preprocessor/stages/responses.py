@@ -15,12 +15,17 @@ output_item.added, content_part.added, ...delta per batch, ...done, content_part
 output_item.done; the first output is preceded by response.created and
 response.in_progress, and the end is response.completed, or response.incomplete when
 max_output_tokens cut the output. Nothing is written before the first output, so a request
-that fails before it gets an HTTP error status, as in chat; a failure after it is a
-response.failed event. Every frame has its `event:` line and a `sequence_number`.
+that fails before the engine generated anything gets an HTTP error status, as in chat; a
+failure after that is a response.failed event (the item being written closed as
+incomplete). Every frame has its `event:` line and a `sequence_number`.
 `ResponseCollectSink` answers once with the whole response object: the reasoning item, the
 message (omitted when the output is only tool calls) and the calls. A kept response
-(stages/stored) is written before the last frame goes out; a stream that fails after it
-started is kept as failed.
+(stages/stored) is written before the last frame goes out. Once the engine generated a
+token the response exists (not streamed: once an engine took it, as its tokens come only at
+the end): a failure of its generation then is answered (the 200 body when not streaming) and
+kept as `failed`, with its error, usage and output so far; a refusal (a bad request, load)
+stays an HTTP error. A client that disconnects ends the generation and nothing is kept, as
+OpenAI does for a response that is not `background`.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Any
 
 import orjson
 
-from switchyard.preprocessor.errors import RequestError
+from switchyard.preprocessor.errors import NO_ENGINE_AVAILABLE, STORE_UNAVAILABLE, RequestError
 from switchyard.preprocessor.parsers import ParsedDelta, ToolCallDelta
 from switchyard.preprocessor.stages.choice import ChoiceOutput
 from switchyard.preprocessor.stages.context import HttpOut
@@ -61,13 +66,25 @@ def usage_dict(usage: Usage) -> dict[str, Any]:
 # Keeps the final response object before its last frame goes out (stages/stored.keep):
 # (body, headers already sent) -> the stored encoding when the body went in unchanged.
 Keep = Callable[[dict[str, Any], bool], Awaitable[bytes | None]]
+# A response's choices and usage so far, and whether an engine took it (read when it fails).
+Progress = tuple[list[ChoiceOutput], Usage, bool]
+# Failures of a response an engine was generating (a refusal, of the request or for load, is
+# none of these): with no token seen (not streamed: the engine answers once, at the end) the
+# response still existed, and failed.
+MID_GENERATION = frozenset(
+    {"request_timeout", "engine_error", "engine_unavailable", NO_ENGINE_AVAILABLE}
+)
+
+
+def _nothing() -> Progress:
+    return [], Usage(0, 0, 0), False
 
 
 class ResponseHead:
     """What every response object of one request shares: id, model, time, echoed params,
     and where it is kept (None: nowhere)."""
 
-    __slots__ = ("id", "model", "created_at", "shown", "keep")
+    __slots__ = ("id", "model", "created_at", "shown", "keep", "progress")
 
     def __init__(
         self,
@@ -76,12 +93,34 @@ class ResponseHead:
         created_at: int,
         shown: dict[str, Any],
         keep: Keep | None = None,
+        progress: Callable[[], Progress] = _nothing,
     ):
         self.id = response_id
         self.model = model
         self.created_at = created_at
         self.shown = shown
         self.keep = keep
+        self.progress = progress
+
+    def generated(self, err: RequestError, streamed: bool) -> Usage | None:
+        """The usage so far when the response existed (a failure is then answered and kept
+        as a `failed` response), else None (an HTTP error, nothing kept). It exists once a
+        token came, and, not streamed, once an engine took it and failed to finish it. A
+        failure of the store, which refused this response at its end, is a 503 either way."""
+        _, usage, dispatched = self.progress()
+        if err.code == STORE_UNAVAILABLE:
+            return None
+        if usage.completion_tokens or (not streamed and dispatched and err.code in MID_GENERATION):
+            return usage
+        return None
+
+    async def kept_failed(self, body: dict[str, Any], started: bool) -> None:
+        """Keep a failed response; a store that is down then is not what the client hears
+        about (the body says `store: false`)."""
+        try:
+            await self.kept(body, started)
+        except StoreUnavailable:
+            body["store"] = False
 
     async def kept(self, body: dict[str, Any], started: bool) -> bytes | None:
         return await self.keep(body, started) if self.keep is not None else None
@@ -303,18 +342,18 @@ class ResponseStreamSink(PartStream):
         await self._last()
 
     async def fail(self, err: RequestError) -> bool:
-        """response.failed inside the stream; False when nothing was sent yet (the caller
-        then answers with the error's HTTP status)."""
-        if not self.started:
+        """response.failed inside the stream, the item being written closed as incomplete
+        and the response kept as failed; False when nothing was sent and nothing generated
+        yet (the caller then answers with the error's HTTP status, and nothing is kept)."""
+        usage = self._head.generated(err, True)
+        if not self.started and usage is None:
             self._out.clear()
             self._pending.clear()
             return False
-        self._delta()
-        body = self._head.body("failed", self._items, error=failure(err))
-        try:
-            await self._head.kept(body, True)
-        except StoreUnavailable:
-            body["store"] = False  # the failure is what the client hears about
+        self._announce()
+        self._close("incomplete")  # as far as it got
+        body = self._head.body("failed", self._items, usage, error=failure(err))
+        await self._head.kept_failed(body, self.started)
         self._event("response.failed", {"response": body})
         await self._last()
         return True
@@ -354,9 +393,9 @@ class ResponseCollectSink:
     async def flush(self) -> None:
         pass
 
-    def output(self, choice: ChoiceOutput) -> tuple[str, list[dict[str, Any]]]:
-        """The response's status and output items."""
-        incomplete = choice.finish_reason == "length"
+    def output(self, choice: ChoiceOutput, failed: bool = False) -> tuple[str, list[dict]]:
+        """The response's status and output items (`failed`: as far as it got)."""
+        incomplete = failed or choice.finish_reason == "length"
         items: list[dict[str, Any]] = []
         if self._reasoning:
             items.append(reasoning_item(_item_id(REASONING), "".join(self._reasoning), "completed"))
@@ -368,7 +407,7 @@ class ResponseCollectSink:
             items.append(call_item(_item_id(CALL), call.id, call.name, call.arguments, "completed"))
         if incomplete:
             items[-1]["status"] = "incomplete"
-            return "incomplete", items
+            return "failed" if failed else "incomplete", items
         return "completed", items
 
     async def end(self, choices: list[ChoiceOutput], usage: Usage) -> None:
@@ -379,4 +418,15 @@ class ResponseCollectSink:
         await self._http.respond(200, encoded or orjson.dumps(body))
 
     async def fail(self, err: RequestError) -> bool:
-        return False
+        """A response that existed (ResponseHead.generated) is answered (200) and kept as
+        `failed`, with its error and its output so far; False otherwise (the caller answers
+        with the error's HTTP status; nothing is kept)."""
+        usage = self._head.generated(err, False)
+        if usage is None:
+            return False
+        choices = self._head.progress()[0]
+        _, items = self.output(choices[0], failed=True)
+        body = self._head.body("failed", items, usage, error=failure(err))
+        await self._head.kept_failed(body, False)
+        await self._http.respond(200, orjson.dumps(body))
+        return True

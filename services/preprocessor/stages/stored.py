@@ -15,8 +15,11 @@ header); a read it needs is a 503 either way.
 goes out, so a client that chains at once finds it): the response with its input items
 (the context it was given, then its own input) and, in a conversation, the turn's input and
 output appended to it, in one transaction. A response too large for --responses-max-bytes
-is answered unstored. A stream that fails after it started is kept as `failed`. Nothing
-is written for `store: false`. Item contents never reach a log line.
+is answered unstored. A response that fails once the engine generated a token is kept as
+`failed` (stages/responses); one cut by max_output_tokens as `incomplete`; a client that
+disconnects ends the generation and nothing is kept (OpenAI keeps a response that outlives
+its connection only in `background` mode). Nothing is written for `store: false`. Item
+contents never reach a log line.
 """
 
 from __future__ import annotations

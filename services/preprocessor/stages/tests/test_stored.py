@@ -1,9 +1,11 @@
 """stages/stored over a real SQLite store and fake router/dispatcher clients: a kept
 response is in the store before its last frame goes out, a chained turn's prompt is the one
-the same items sent statelessly make (the earlier instructions not carried), a stream that
-fails is kept as failed, a response over the size cap is answered unstored, `store: false`
-writes nothing, and a store that is down is a 503 before any engine work (or, with
---store-unavailable serve, an answer that says it was not kept)."""
+the same items sent statelessly make (the earlier instructions not carried), a response that
+fails mid-generation is answered and kept as failed (streamed: once tokens came; not
+streamed: once an engine took it), one that fails before is an HTTP error kept nowhere, one
+cut by max_output_tokens is kept as incomplete, a response over the size cap is answered
+unstored, `store: false` writes nothing, and a store that is down is a 503 before any engine
+work (or, with --store-unavailable serve, an answer that says it was not kept)."""
 
 from __future__ import annotations
 
@@ -68,7 +70,7 @@ async def run(d, raw: bytes, http: FakeHttp | None = None) -> tuple[int, FakeHtt
 
 
 def final(http: FakeHttp) -> dict[str, Any]:
-    return orjson.loads(http.last.split(b"data: ", 1)[1])["response"]
+    return orjson.loads(http.last.rsplit(b"data: ", 1)[1])["response"]
 
 
 class TestKept:
@@ -131,6 +133,94 @@ class TestKept:
         kept = await storage.get_response(TENANT, sent["id"])
         assert kept is not None and kept.status == "failed"
         assert orjson.loads(kept.body)["error"]["code"] == "server_error"
+
+    async def test_a_failed_stream_keeps_its_output_so_far(self, bundle, storage):
+        d, dispatcher = stack(
+            bundle, storage, lambda r: [tokens(r.request_id, *bundle.encode("Hi there"))]
+        )
+        http = FakeHttp()
+        serving = asyncio.create_task(serve(d, RESPONSES, body(stream=True), http))
+        while not http.writes:
+            await asyncio.sleep(0.01)
+        dispatcher.streams[0].queue.put_nowait(
+            failed(dispatcher.requests[0].request_id, 1, errors.ENGINE_ERROR)
+        )
+        assert await serving == 200
+        kept = await storage.get_response(TENANT, final(http)["id"])
+        assert kept is not None
+        stored = orjson.loads(kept.body)
+        assert stored == final(http)
+        (item,) = stored["output"]  # the message it was writing, closed as incomplete
+        assert item["status"] == "incomplete" and item["content"][0]["text"] == "Hi there"
+        assert stored["usage"]["output_tokens"] == len(bundle.encode("Hi there"))
+
+    async def test_a_failure_after_tokens_not_streamed_is_a_failed_response(self, bundle, storage):
+        """Regression (issue 36): a `store: true` response that failed mid-generation
+        without streaming was answered with an HTTP error and kept nowhere."""
+        ids = bundle.encode("Hi there")
+        d, dispatcher = stack(
+            bundle,
+            storage,
+            lambda r: [tokens(r.request_id, *ids), failed(r.request_id, 1, errors.ENGINE_ERROR)],
+        )
+        status, http = await run(d, body())
+        sent = http.json()
+        assert status == 200 and sent["status"] == "failed" and sent["store"] is True
+        assert sent["error"]["code"] == "server_error" and sent["incomplete_details"] is None
+        assert sent["output"][0]["status"] == "incomplete"
+        assert sent["output"][0]["content"][0]["text"] == "Hi there"
+        assert sent["usage"]["output_tokens"] == len(ids)
+        kept = await storage.get_response(TENANT, sent["id"])
+        assert kept is not None and kept.status == "failed"
+        assert orjson.loads(kept.body) == sent
+
+    async def test_an_engine_failure_not_streamed_before_any_token_is_failed(self, bundle, storage):
+        """Not streamed, the engine answers once at the end: a response it took and failed
+        existed, with no output."""
+        d, _ = stack(bundle, storage, lambda r: [failed(r.request_id, 1, errors.ENGINE_ERROR)])
+        status, http = await run(d, body())
+        sent = http.json()
+        assert status == 200 and sent["status"] == "failed"
+        assert sent["usage"]["output_tokens"] == 0
+        kept = await storage.get_response(TENANT, sent["id"])
+        assert kept is not None and kept.status == "failed"
+
+    @pytest.mark.parametrize(
+        "stream, script, router, status",
+        [
+            (True, [errors.ENGINE_ERROR], [1], 500),  # streamed: no token, no response
+            (False, [errors.BAD_REQUEST], [1], 400),  # the engine refused the request
+            (False, [], [], 503),  # no engine took it
+            (True, [], [], 503),
+        ],
+    )
+    async def test_an_error_before_the_response_existed_is_kept_nowhere(
+        self, bundle, storage, stream, script, router, status
+    ):
+        d, _ = stack(
+            bundle,
+            storage,
+            lambda r: [failed(r.request_id, 1, kind, engine_fault=False) for kind in script],
+        )
+        d = dataclasses.replace(d, router=FakeRouter(router))
+        got, http = await run(d, body(stream=stream))
+        assert got == status and http.status == status
+        conn = sqlite3.connect(storage.config.sqlite_path)
+        assert conn.execute("SELECT count(*) FROM responses").fetchone()[0] == 0
+        conn.close()
+
+    @pytest.mark.parametrize("stream", [False, True])
+    async def test_cut_by_max_output_tokens_is_kept_incomplete(self, bundle, storage, stream):
+        ids = bundle.encode("Hi there")
+        d, _ = stack(bundle, storage, lambda r: [tokens(r.request_id, *ids), done(r.request_id)])
+        _, http = await run(d, body(stream=stream, max_output_tokens=len(ids)))
+        sent = final(http) if stream else http.json()
+        assert sent["status"] == "incomplete"
+        kept = await storage.get_response(TENANT, sent["id"])
+        assert kept is not None and kept.status == "incomplete"
+        stored = orjson.loads(kept.body)
+        assert stored["incomplete_details"] == {"reason": "max_output_tokens"}
+        assert stored["output"][0]["content"][0]["text"] == "Hi there"
 
     async def test_over_the_size_cap(self, bundle, tmp_path):
         """Input items over the cap: 400 up front (unless store: false); an output that takes
