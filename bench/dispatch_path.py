@@ -155,7 +155,9 @@ def _child(streams: int, tokens: int, rounds: int, mode: str) -> None:
     ).SerializeToString()
 
     async def main() -> None:
-        streams_ = http2.Http2Streams("127.0.0.1", 1)
+        # No keepalive pings: nothing answers them here, and under valgrind a run outlasts
+        # the ping's time and deadline (16 s of wall clock), which would drop the connection.
+        streams_ = http2.Http2Streams("127.0.0.1", 1, keepalive_time=1e9)
         connection = _h2_connection(http2) if mode == "h2" else http2.Http2Connection
         conn = connection(streams_)
         conn.connection_made(Transport())  # type: ignore[arg-type]
