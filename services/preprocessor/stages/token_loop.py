@@ -148,8 +148,12 @@ class TokenLoop:
 
     def apply(self, items: Any, now: float) -> bool:
         """Apply one batch of replies; True when it brought streamed tokens (for the TTFT and
-        inter-token metrics)."""
-        attempts = self._ctx.state.attempts
+        inter-token metrics). One function on purpose: it runs per reply, and each call it
+        would make costs a measurable share of a token's time."""
+        ctx = self._ctx
+        state = ctx.state
+        attempts = state.attempts
+        sink = self._sink
         got_tokens = False
         for reply in items:
             gen = attempts.get(reply.request_id)
@@ -167,52 +171,51 @@ class TokenLoop:
             choice = gen.choices[index]
             if choice.done:
                 continue
-            if kind is TokenDelta:
-                if self._tokens(gen, choice, reply, now):
-                    got_tokens = True
-            elif kind is GenerateFinished:
-                self._finished(gen, choice, reply)
+            if kind is not TokenDelta:
+                if kind is GenerateFinished:
+                    self._finished(gen, choice, reply)
+                continue
+            gen.last = now
+            if choice.replay_at >= 0:  # a migrated constrained output, coming again
+                reply = _past_replay(gen, choice, reply)
+                if reply is None:
+                    continue
+            ids = reply.token_ids
+            if reply.detail is not None:
+                _logprobs(ctx, sink, choice, reply)
+            elif choice.echo and not choice.echoed:
+                sink.echo(choice)
+            if not ids:
+                continue
+            choice.generated += ids
+            if not gen.whole:  # a whole reply's time is no first token's, no ITL
+                got_tokens = True
+            if not gen.got_tokens:
+                self._first(gen)
+            if choice.parser is None:
+                text = choice.text(ids)
+                if text:
+                    sink.content(choice, text)
+            else:
+                parsed = choice.parsed(ids)
+                if parsed is not EMPTY:
+                    sink.parsed(choice, parsed)
+            if choice.done:  # a stop string completed
+                choice.stopped_reason()
+                sink.finish(choice)
+                state.unfinished -= 1
+                gen.unfinished -= 1
+                if not gen.unfinished:
+                    self._stopped.append(gen)
         return got_tokens
 
-    def _tokens(self, gen: Generation, choice: ChoiceOutput, reply: TokenDelta, now: float) -> bool:
-        """A token delta through its choice's text path; True when it streamed tokens."""
-        sink = self._sink
-        gen.last = now
-        if choice.replay_at >= 0:  # a migrated constrained output, coming again
-            replay = _past_replay(gen, choice, reply)
-            if replay is None:
-                return False
-            reply = replay
-        ids = reply.token_ids
-        if reply.detail is not None:
-            _logprobs(self._ctx, sink, choice, reply)
-        elif choice.echo and not choice.echoed:
-            sink.echo(choice)
-        if not ids:
-            return False
-        choice.generated += ids
-        if not gen.got_tokens:
-            gen.got_tokens = True
-            if isinstance(gen.stream, HopStream):
-                gen.stream.started = True
-            self._firsts.append((gen, gen.attempt_id))
-            self.watchdog.arm()  # its deadline is now the (shorter) gap timeout
-        if choice.parser is None:
-            text = choice.text(ids)
-            if text:
-                sink.content(choice, text)
-        else:
-            parsed = choice.parsed(ids)
-            if parsed is not EMPTY:
-                sink.parsed(choice, parsed)
-        if choice.done:  # a stop string completed
-            choice.stopped_reason()
-            sink.finish(choice)
-            self._ctx.state.unfinished -= 1
-            gen.unfinished -= 1
-            if not gen.unfinished:
-                self._stopped.append(gen)
-        return not gen.whole  # a whole reply's time is no first token's, no ITL
+    def _first(self, gen: Generation) -> None:
+        """The attempt's first token."""
+        gen.got_tokens = True
+        if isinstance(gen.stream, HopStream):
+            gen.stream.started = True
+        self._firsts.append((gen, gen.attempt_id))
+        self.watchdog.arm()  # its deadline is now the (shorter) gap timeout
 
     def _finished(self, gen: Generation, choice: ChoiceOutput, reply: GenerateFinished) -> None:
         """The engine's end of a choice: its held-back output, its finish."""
@@ -245,58 +248,75 @@ class TokenLoop:
         watchdog = self.watchdog
         timer = self._ctx.deps.timer
         clock = self._clock
+        sink = self._sink
         watchdog.arm()  # (again after failures: the attempts changed)
-        if self._held is not None:  # the batch whose failures were just handled
-            got, now, t0 = self._held
-            self._held = None
-            await self._deliver(got, now, t0)
-        while state.unfinished:
-            if watchdog.expired:
-                end = watchdog.end_error()
-                if end is not None:
-                    raise end  # past the deadline, or shut down: the engine requests abort
+        while True:
+            if self._held is None:
+                if not state.unfinished:
+                    return []
+                if watchdog.expired:
+                    late = self._due()
+                    if late is not None:
+                        if late:
+                            return late
+                        continue
                 if queue.empty():
-                    late = [(gen, gen.silent(watchdog.timeout(gen))) for gen in watchdog.overdue()]
-                    if late:
-                        for gen, _ in late:
-                            state.attempts.pop(gen.attempt_id, None)
-                        return late
-                    watchdog.arm()
+                    await queue.wait()
                     continue
-            if queue.empty():
-                await queue.wait()
-                continue
-            items = queue.take()
-            t0 = time.perf_counter() if timer is not None else 0.0
-            now = clock()
-            got = self.apply(items, now)
-            if self._failures:
-                self._held = (got, now, t0)
-                failures, self._failures = self._failures, []
-                return failures
-            await self._deliver(got, now, t0)
-        return []
-
-    async def _deliver(self, got_tokens: bool, now: float, t0: float) -> None:
-        """Write a batch's output, then report its first tokens and ends."""
-        ctx = self._ctx
-        state = ctx.state
-        if got_tokens:
-            if state.first_token_at is None:
-                state.first_token_at = time.perf_counter()
-                ttft = state.first_token_at - ctx.inp.received
-                ctx.deps.metrics.ttft.labels(self._model).observe(ttft)
+                items = queue.take()
+                t0 = time.perf_counter() if timer is not None else 0.0
+                now = clock()
+                got = self.apply(items, now)
+                if self._failures:
+                    self._held = (got, now, t0)
+                    failures, self._failures = self._failures, []
+                    return failures
+            else:  # the batch whose failures were just handled
+                got, now, t0 = self._held
+                self._held = None
+            # Write the batch's output, then report its first tokens and ends.
+            if got:
+                if state.first_token_at is not None:
+                    self._itl.observe(now - self._last_tokens_at)
+                else:
+                    self._first_token_at()
+                self._last_tokens_at = now
+            if timer is not None:
+                t1 = time.perf_counter()
+                timer.add("stream", t1 - t0)
+                await sink.flush()
+                timer.add("write", time.perf_counter() - t1)
             else:
-                self._itl.observe(now - self._last_tokens_at)
-            self._last_tokens_at = now
-        timer = ctx.deps.timer
-        if timer is not None:
-            t1 = time.perf_counter()
-            timer.add("stream", t1 - t0)
-            await self._sink.flush()
-            timer.add("write", time.perf_counter() - t1)
-        else:
-            await self._sink.flush()
+                await sink.flush()
+            if self._firsts or self._ended or self._stopped:
+                await self._report()
+
+    def _due(self) -> Failures | None:
+        """The watchdog fired: raises the request's end (past its deadline, or shut down: its
+        engine requests then abort); else the failures of the attempts silent too long, [] when
+        none is (re-armed), None while replies wait to be applied first."""
+        watchdog = self.watchdog
+        end = watchdog.end_error()
+        if end is not None:
+            raise end
+        state = self._ctx.state
+        if not state.queue.empty():
+            return None
+        late = [(gen, gen.silent(watchdog.timeout(gen))) for gen in watchdog.overdue()]
+        for gen, _ in late:
+            state.attempts.pop(gen.attempt_id, None)
+        if not late:
+            watchdog.arm()
+        return late
+
+    def _first_token_at(self) -> None:
+        """The request's first streamed tokens: its time to first token."""
+        ctx = self._ctx
+        at = ctx.state.first_token_at = time.perf_counter()
+        ctx.deps.metrics.ttft.labels(self._model).observe(at - ctx.inp.received)
+
+    async def _report(self) -> None:
+        """Tell the lifecycle of the batch's first tokens and ends (after its output went)."""
         on = self._on
         if self._firsts:
             for gen, attempt_id in self._firsts:
