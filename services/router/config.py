@@ -15,6 +15,9 @@ File format (every key optional; an omitted profile or list takes the mode's pre
     time: {prefill_ms_per_1k_tokens: 50, base_ms: 25, work_weight: 0.5,
            decode_ms_per_1k_tokens: 5, output_tokens: 256, learn: true}
     bookings: {ttl_s: 10}         # pending bookings of routed prompts (ttl_s 0: off)
+    disaggregation:               # prefill/decode orchestration (disagg.py)
+      handler: decode_then_prefill
+      decider: {name: uncached_tokens, min_uncached_tokens: 256}   # or: always
 
 A plugin is a name or a mapping {name, weight (scorers), ...its parameters}.
 """
@@ -82,12 +85,22 @@ class ProfileConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class DisaggConfig:
+    """Disaggregated serving's profile handler and decider (disagg.py builds and checks
+    them; the decider's parameters default to the router's flags)."""
+
+    handler: str = "decode_then_prefill"
+    decider: PluginConfig = PluginConfig("uncached_tokens")
+
+
+@dataclass(frozen=True, slots=True)
 class RoutingConfig:
     mode: str
     decode: ProfileConfig
     prefill: ProfileConfig
     time: TimeParams = TimeParams()
     booking_ttl_s: float = 10.0
+    disagg: DisaggConfig = DisaggConfig()
 
     def __post_init__(self) -> None:
         if not self.booking_ttl_s >= 0:
@@ -216,9 +229,29 @@ def _profile_from(raw: Any, default: ProfileConfig, where: str) -> ProfileConfig
     return ProfileConfig(lists["filters"], lists["scorers"], picker)
 
 
+def _disagg_from(raw: Any) -> DisaggConfig:
+    if raw is None:
+        return DisaggConfig()
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"routing config disaggregation: expected a mapping, got {raw!r}")
+    unknown = sorted(set(raw) - {"handler", "decider"})
+    if unknown:
+        raise ValueError(f"routing config disaggregation: unknown key {', '.join(unknown)}")
+    default = DisaggConfig()
+    handler = raw.get("handler", default.handler)
+    if not isinstance(handler, str):
+        raise ValueError(f"routing config disaggregation.handler: a name, got {handler!r}")
+    decider = raw.get("decider")
+    if isinstance(decider, Mapping) and "weight" in decider:
+        raise ValueError("routing config disaggregation.decider: a decider takes no weight")
+    if decider is None:
+        return DisaggConfig(handler, default.decider)
+    return DisaggConfig(handler, _plugin(decider, "disaggregation.decider"))
+
+
 def from_mapping(raw: Mapping[str, Any], mode: str = "kv") -> RoutingConfig:
     base = preset(mode)
-    unknown = sorted(set(raw) - {"decode", "prefill", "time", "bookings"})
+    unknown = sorted(set(raw) - {"decode", "prefill", "time", "bookings", "disaggregation"})
     if unknown:
         raise ValueError(f"routing config: unknown key {', '.join(unknown)}")
     time = raw.get("time")
@@ -234,6 +267,7 @@ def from_mapping(raw: Mapping[str, Any], mode: str = "kv") -> RoutingConfig:
         _profile_from(raw.get("prefill"), base.prefill, "prefill"),
         parse_params(TimeParams, time, "time") if time is not None else base.time,
         float(ttl),
+        _disagg_from(raw.get("disaggregation")),
     )
 
 

@@ -1,5 +1,6 @@
-"""The routing decision: run the decode profile over the model's workers, then (for
-disaggregated serving) the prefill profile over its prefill workers; book the load.
+"""The routing decision: the profile handler runs the decode profile over the model's
+workers and, for disaggregated serving, the prefill profile over its prefill workers when its
+decider says the request takes the prefill hop (disagg.py); then the load is booked.
 
 Before the profiles run, the core computes what their plugins declared they need: the
 prompt's block hashes and every worker's cached prefix (KV index, offloaded tier, pending
@@ -32,6 +33,7 @@ from switchyard.protos.messages import (
 )
 from switchyard.router.bookings import Bookings
 from switchyard.router.config import RoutingConfig, preset
+from switchyard.router.disagg import DEFAULT_MIN_UNCACHED_TOKENS, build_handler
 from switchyard.router.framework import Outcome, PluginStats, Profile
 from switchyard.router.kv.index import KvIndex
 from switchyard.router.load import EngineLoads, InFlightTracker
@@ -39,7 +41,14 @@ from switchyard.router.policies import build_profile
 from switchyard.router.prefix import cached_tokens
 from switchyard.router.prompt_hashes import PromptBlocks, PromptHashes
 from switchyard.router.timing import TimeModel
-from switchyard.router.types import Needs, PluginDeps, RouteContext, Worker, WorkerKey
+from switchyard.router.types import (
+    Needs,
+    PluginDeps,
+    ProfileHandler,
+    RouteContext,
+    Worker,
+    WorkerKey,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +59,7 @@ UNKNOWN_MODEL = "unknown_model"
 # this prefills there (no hop). A default, not measured: 256 tokens is where a prefill's
 # compute starts to outweigh the hop's cost (a second engine call plus a KV transfer, a few
 # ms) on typical GPUs, and it is the order of magnitude llm-d ships for its threshold.
-DEFAULT_DISAGG_MIN_UNCACHED_TOKENS = 256
+DEFAULT_DISAGG_MIN_UNCACHED_TOKENS = DEFAULT_MIN_UNCACHED_TOKENS
 # The prefill hop's load booking lives under the request id with this suffix.
 PREFILL_BOOKING = "#prefill"
 _EXPIRE_EVERY_S = 1.0
@@ -80,7 +89,6 @@ class RouterCore:
         if disagg_min_uncached_tokens < 0:
             raise ValueError("--disagg-min-uncached-tokens must be >= 0")
         self.config = config or preset("kv")
-        self.disagg_min_uncached_tokens = disagg_min_uncached_tokens
         self.tracker = tracker or InFlightTracker()
         self.index = index or KvIndex()
         self.engine_loads = engine_loads or EngineLoads()
@@ -91,7 +99,10 @@ class RouterCore:
         deps = PluginDeps(rng or random.Random(), self.time)
         self.decode: Profile = build_profile("decode", self.config.decode, deps, self.stats)
         self.prefill: Profile = build_profile("prefill", self.config.prefill, deps, self.stats)
-        self.needs = self.decode.needs | self.prefill.needs
+        self.handler: ProfileHandler = build_handler(
+            self.config.disagg, deps, disagg_min_uncached_tokens
+        )
+        self.needs = self.decode.needs | self.prefill.needs | self.handler.needs
         # As bools: a Flag `&` builds an enum member per test, per decision.
         self._needs_session = bool(self.needs & Needs.SESSION)
         self._needs_blocks = bool(self.needs & Needs.BLOCKS)
@@ -165,18 +176,12 @@ class RouterCore:
             ctx.session = request.session_id
         if self._needs_blocks and (candidates or prefills):
             self._kv_view(ctx, candidates + prefills)
-        outcome = self.decode.run(ctx, candidates)
+        decision = self.handler.run(ctx, self.decode, self.prefill, candidates, prefills)
+        outcome = decision.decode
         chosen = outcome.chosen
         if chosen is None:
             return Routed(self._refusal(request, outcome))
-        hop: Worker | None = None
-        prefill_outcome: Outcome | None = None
-        hop_candidates = [w for w in prefills if w.instance.protocol == chosen.instance.protocol]
-        needs_hop = bool(hop_candidates) and self._needs_hop(ctx, chosen)
-        if needs_hop or (hop_candidates and request.dry_run):
-            ctx.decode_protocol = chosen.instance.protocol
-            prefill_outcome = self.prefill.run(ctx, prefills)
-            hop = prefill_outcome.chosen if needs_hop else None
+        hop = decision.hop
         if not request.dry_run:
             self._book(ctx, chosen, hop, now)
         explanation = ctx.explanations.get(chosen.key)
@@ -192,7 +197,7 @@ class RouterCore:
             overlap_blocks=ctx.device_blocks.get(chosen.key, 0),
             prompt_blocks=ctx.prompt_blocks,
             policy=self.mode,
-            workers=self._rows(ctx, candidates, outcome, prefills, prefill_outcome)
+            workers=self._rows(ctx, candidates, outcome, prefills, decision.prefill)
             if request.dry_run
             else [],
             prefill_instance_id=hop.instance_id if hop is not None else None,
@@ -263,14 +268,6 @@ class RouterCore:
             if depth > merged.get(key, 0):
                 merged[key] = depth
         return merged
-
-    def _needs_hop(self, ctx: RouteContext, chosen: Worker) -> bool:
-        """False when the decode worker can prefill this prompt itself and little of it is
-        uncached there (the hop would cost more than it saves)."""
-        if not chosen.instance.local_prefill:
-            return True
-        held = cached_tokens(ctx, chosen, self._offload_weight)[0] if ctx.hashes else 0
-        return ctx.prompt_tokens - held >= self.disagg_min_uncached_tokens
 
     def _book(self, ctx: RouteContext, chosen: Worker, hop: Worker | None, now: float) -> None:
         request_id = ctx.request.request_id

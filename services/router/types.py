@@ -12,6 +12,9 @@ A decision runs one profile: filters -> weighted scorers -> picker (see `framewo
 - `Filter.filter` keeps a subset of the candidates; `Scorer.score` returns one score per
   candidate, higher is better, which the framework clamps to [0, 1] and weighs; `Picker.pick`
   chooses one candidate from the weighted totals. Plugins never time themselves.
+- `ProfileHandler.run` decides which profiles a decision runs over which workers (disaggregated
+  serving: the decode profile, then maybe the prefill profile), asking its `Decider` whether a
+  request takes the prefill hop (disagg.py has them).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 from switchyard.protos.messages import Instance, RouteRequest
 
 if TYPE_CHECKING:
+    from switchyard.router.framework import Outcome, Profile
     from switchyard.router.timing import TimeModel
 
 WorkerKey = tuple[int, int]  # (instance id, data-parallel rank)
@@ -173,6 +177,43 @@ class Picker(Protocol):
     def pick(self, ctx: RouteContext, workers: Sequence[Worker], totals: Sequence[float]) -> int:
         """The index of the chosen worker in `workers`."""
         ...
+
+
+class Decider(Protocol):
+    """Disaggregated serving: whether a request routed to `decode` prefills on another
+    engine (the prefill hop) rather than on `decode` itself. Asked only when a prefill worker
+    of the decode worker's protocol exists."""
+
+    name: str
+    needs: Needs
+
+    def disaggregate(self, ctx: RouteContext, decode: Worker) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What a profile handler made of a request: the decode profile's outcome, the prefill
+    profile's (when it ran: for a hop, or to show it in a dry run) and the hop's worker."""
+
+    decode: Outcome
+    prefill: Outcome | None = None
+    hop: Worker | None = None
+
+
+class ProfileHandler(Protocol):
+    """Which profiles a decision runs, over which workers, and what comes of it."""
+
+    name: str
+    needs: Needs
+
+    def run(
+        self,
+        ctx: RouteContext,
+        decode: Profile,
+        prefill: Profile,
+        workers: list[Worker],
+        prefill_workers: list[Worker],
+    ) -> Decision: ...
 
 
 class Observer(Protocol):
