@@ -1,11 +1,12 @@
 """The preprocessor's side of the router channel: route requests and progress notices.
 
 Several router replicas may run side by side; each request goes to a connected one (in turn).
-When none answers, the preprocessor keeps serving: `LocalFallback` runs the router's own
-candidate filters (`FALLBACK_FILTERS`: model, exclusions, whole-request engines that prefill
-themselves, as there is no prefill hop here) over the instances fleet reports and round-robins
-over what passes; the caller is told (`fallback` in the reply's policy) so it can log and
-count it. KV routing resumes as soon as a router is connected again.
+When none answers, the preprocessor keeps serving: `LocalFallback` keeps the instances fleet
+reports that could take the request with no prefill hop, by the router's own rules
+(switchyard.common.candidates: the model, the fields it requires, not excluded, not
+prefill-only, prefilling themselves), and round-robins over them; the caller is told
+(`fallback` in the reply's policy) so it can log and count it. KV routing resumes as soon as
+a router is connected again.
 
 The replicas are a `replicas.ReplicaSet`: each `--router` endpoint, and every address a
 router name resolves to (a compose service, a Kubernetes headless Service), is a replica with
@@ -21,7 +22,6 @@ it do not each wait the route timeout.
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -29,11 +29,11 @@ from typing import Any
 import msgspec
 import zmq
 
+from switchyard.common.candidates import RoundRobin, whole_request_engines
 from switchyard.common.messaging import RequestReplyClient
 from switchyard.common.replicas import RESOLVE_INTERVAL_S, ReplicaSet, Resolve, resolve_ipv4
 from switchyard.protos import codec
 from switchyard.protos.messages import (
-    ROLE_PREFILL,
     Instance,
     InstanceBusy,
     KvDebugReply,
@@ -42,11 +42,6 @@ from switchyard.protos.messages import (
     RouteRequest,
     RouteResponse,
 )
-from switchyard.router.config import PluginConfig
-from switchyard.router.policies import FALLBACK_FILTERS, build_plugin
-from switchyard.router.policies.round_robin import RoundRobin
-from switchyard.router.timing import TimeModel
-from switchyard.router.types import EngineLoad, PluginDeps, RouteContext, RouterLoad, Worker
 
 log = logging.getLogger(__name__)
 
@@ -81,37 +76,29 @@ class _Router(RequestReplyClient):
 
 
 class LocalFallback:
-    """The router's candidate filters and round-robin over fleet's instances, for when no
-    router answers (one worker per instance: the engine balances its own DP ranks)."""
+    """Round-robin over fleet's instances that can take a whole request, for when no router
+    answers (one per instance: the engine balances its own DP ranks)."""
 
     def __init__(self, instances: Callable[[], Mapping[int, Instance]]) -> None:
         self._instances = instances
-        deps = PluginDeps(random.Random(), TimeModel())
-        self._filters = [build_plugin("filter", PluginConfig(n), deps) for n in FALLBACK_FILTERS]
-        self._picker = RoundRobin()
-        self._time = deps.time
+        self._turn = RoundRobin()
 
     def can_route(self, model: str) -> bool:
-        """Some instance could take a request for `model` (readiness: model, role, and no
-        prefill hop needed, as the filters demand; their load checks are left to the call)."""
-        return any(
-            i.model == model and i.role != ROLE_PREFILL and i.local_prefill
-            for i in self._instances().values()
-        )
+        """Some instance could take a request for `model` (readiness; load is the call's)."""
+        return bool(whole_request_engines(self._instances().values(), model))
 
     def route(self, request: RouteRequest) -> RouteResponse:
-        workers = [Worker(i, 0, RouterLoad(), EngineLoad()) for i in self._instances().values()]
-        ctx = RouteContext(request, time.monotonic(), self._time)
-        for plugin in self._filters:
-            workers = plugin.filter(ctx, workers)
-        if not workers:
+        candidates = whole_request_engines(
+            self._instances().values(), request.model, request.exclude, request.requires
+        )
+        if not candidates:
             return RouteResponse(
                 request_id=request.request_id,
                 instance_id=None,
                 error="no_worker",
                 policy=FALLBACK_POLICY,
             )
-        chosen = workers[self._picker.pick(ctx, workers, [0.0] * len(workers))]
+        chosen = self._turn.pick(candidates, request.dry_run)
         return RouteResponse(
             request_id=request.request_id, instance_id=chosen.instance_id, policy=FALLBACK_POLICY
         )

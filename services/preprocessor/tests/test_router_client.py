@@ -64,3 +64,17 @@ class TestFailover:
         frozen.behaviour = "ok"
         assert (await client.route(REQUEST, 1.0)).policy == "kv"
         assert frozen.calls == 2
+
+
+class TestLocalFallback:
+    def test_a_request_that_needs_a_seed_goes_only_to_engines_that_carry_one(self):
+        sglang = Instance(
+            instance_id=1, url="grpc://127.0.0.1:2", protocol="sglang", model="m",
+            context_length=100, block_size=16,
+        )  # fmt: skip
+        fallback = router_client.LocalFallback(lambda: {1: sglang, 3: INSTANCE})
+        seeded = RouteRequest(request_id="s", model="m", token_ids=[1], requires=["seed"])
+        assert {fallback.route(seeded).instance_id for _ in range(4)} == {3}
+        assert {fallback.route(REQUEST).instance_id for _ in range(4)} == {1, 3}
+        only_sglang = router_client.LocalFallback(lambda: {1: sglang})
+        assert only_sglang.route(seeded).error == "no_worker"

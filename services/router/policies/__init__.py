@@ -69,9 +69,6 @@ PICKERS: dict[str, type] = {
 }
 PLUGINS = {"filter": FILTERS, "scorer": SCORERS, "picker": PICKERS}
 
-# Filters the preprocessor's fallback applies when no router answers (no prefill hop there).
-FALLBACK_FILTERS = ("same_model", "capable", "not_excluded", "serves_requests", "local_prefill")
-
 
 def build_plugin(kind: str, config: PluginConfig, deps: PluginDeps) -> Any:
     registry = PLUGINS[kind]
