@@ -28,7 +28,7 @@ import inspect
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from switchyard.preprocessor.anthropic_requests import anthropic_error, parse_messages
 from switchyard.preprocessor.errors import ENGINE_REJECTED, as_request_error
@@ -51,6 +51,9 @@ from switchyard.preprocessor.stages.context import (
     RequestContext,
     RequestInput,
 )
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 
 class Stage(NamedTuple):
@@ -148,20 +151,27 @@ TRACED_STAGES = frozenset({"template", "tokenize"})
 
 
 async def run_stages(ctx: RequestContext, stages: tuple[Stage, ...]) -> None:
-    timer = ctx.deps.timer
-    trace = ctx.state.trace
+    """Run `stages` in order (`serve` runs an endpoint's whole list the same way)."""
     for stage in stages:
         t0 = time.perf_counter()
-        span = None
-        if trace is not None and stage.name in TRACED_STAGES:
-            span = trace.span(stage.name)
+        span = _span(ctx, stage)
         result = stage.run(ctx)
         if inspect.isawaitable(result):
             await result
-        if span is not None:
-            span.end()
-        if timer is not None and stage.timed:
-            timer.add(stage.name, time.perf_counter() - t0)
+        _timed(ctx, stage, span, t0)
+
+
+def _span(ctx: RequestContext, stage: Stage) -> Span | None:
+    trace = ctx.state.trace
+    return trace.span(stage.name) if trace is not None and stage.name in TRACED_STAGES else None
+
+
+def _timed(ctx: RequestContext, stage: Stage, span: Span | None, t0: float) -> None:
+    if span is not None:
+        span.end()
+    timer = ctx.deps.timer
+    if timer is not None and stage.timed:
+        timer.add(stage.name, time.perf_counter() - t0)
 
 
 def new_request(
@@ -215,7 +225,15 @@ async def serve(ctx: RequestContext, body: bytes) -> int:
     endpoint = ctx.inp.endpoint
     try:
         state.raw = body
-        await run_stages(ctx, PIPELINES[endpoint])
+        # The stages' loop is run_stages', here in place: a coroutine that awaits another
+        # adds a frame every reply batch resumes (the stream stage waits inside).
+        for stage in PIPELINES[endpoint]:
+            t0 = time.perf_counter()
+            span = _span(ctx, stage)
+            result = stage.run(ctx)
+            if inspect.isawaitable(result):
+                await result
+            _timed(ctx, stage, span, t0)
         return 200
     except Exception as exc:
         err = as_request_error(exc)

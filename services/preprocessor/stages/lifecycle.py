@@ -10,14 +10,15 @@
 
 `start` runs an attempt up to STREAM: the router picks the engine (and a prefill engine, for
 a disaggregated request), the prefill hop or the dispatcher opens the engine request, whose
-replies then land in the request's reply queue. The `stream` stage drives the token loop,
-which turns replies into output and reports back only what ended (`first_token`, `done`,
-`stop`) and what failed; each failure goes through the migration policy here, never from
-inside the token loop. A migration resends the prompt and the output so far to another
-engine (the engines are deterministic per context, so the client sees one stream); a
-constrained output is regenerated from the prompt instead and checked token by token
-(token_loop); one that cannot be (sampled) starts the request over, or fails it once the
-client has part of it. An attempt that went whole (generation.py) restarts from the prompt.
+replies then land in the request's reply queue. The `stream` stage waits for the replies
+and has the token loop turn each batch into output and events (first tokens, ends,
+failures); it writes the output, reports the ends (`first_token`, `done`, `stop`), and sends
+each failure through the migration policy here, never from inside the token loop. A
+migration resends the prompt and the output so far to another engine (the engines are
+deterministic per context, so the client sees one stream); a constrained output is
+regenerated from the prompt instead and checked token by token (token_loop); one that
+cannot be (sampled) starts the request over, or fails it once the client has part of it. An
+attempt that went whole (generation.py) restarts from the prompt.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from switchyard.preprocessor.stages.migration import (
     judge,
     resumable,
 )
-from switchyard.preprocessor.stages.token_loop import TokenLoop, Transitions
+from switchyard.preprocessor.stages.token_loop import TokenLoop
 from switchyard.protos.messages import (
     STAGE_FINISHED,
     STAGE_FIRST_TOKEN,
@@ -377,28 +378,86 @@ async def generate(ctx: RequestContext, placement: Placement | None = None) -> N
         ctx.deps.metrics.active.inc()
 
 
-TRANSITIONS = Transitions(first_token, done, stop)
-
-
 async def stream(ctx: RequestContext) -> None:
-    """The `stream` stage: the token loop until every choice finished; each failure it
-    reports goes through the migration policy here."""
-    loop = TokenLoop(ctx, TRANSITIONS)
+    """The `stream` stage: wait for each batch of replies, have the token loop apply it,
+    write its output in one go, then report its first tokens and ends; a failure it reports
+    goes through the migration policy first (while the batch's output is held, so that a
+    request that fails before its first byte still gets an HTTP status)."""
+    state = ctx.state
+    queue = state.queue
+    timer = ctx.deps.timer
+    clock = asyncio.get_running_loop().time
+    loop = TokenLoop(ctx)
+    watchdog = loop.watchdog
     try:
-        while failures := await loop.run():
-            for gen, failure in failures:
-                over = await fail(gen, failure)
-                if over is None:
+        while state.unfinished:
+            if watchdog.expired:
+                late = loop.due()
+                if late is not None:
+                    if late:
+                        loop = await _failed(ctx, loop, late)
                     continue
-                sink = ctx.state.sink
-                if sink is not None and sink.started:
-                    raise over  # the client has part of an output that cannot go on
-                loop.close()
-                await start_over(ctx, over)
-                loop = TokenLoop(ctx, TRANSITIONS)
-                break  # the other failures were of the generations dropped
+            if queue.empty():
+                await queue.wait()
+                continue
+            items = queue.take()
+            t0 = time.perf_counter() if timer is not None else 0.0
+            now = clock()
+            got = loop.apply(items, now)
+            if loop.failures:
+                failures, loop.failures = loop.failures, []
+                again = await _failed(ctx, loop, failures)
+                if again is not loop:  # started over: the batch's output is dropped
+                    loop = again
+                    continue
+            if got:
+                loop.observe(now)
+            sink = state.sink
+            assert sink is not None
+            if timer is not None:
+                t1 = time.perf_counter()
+                timer.add("stream", t1 - t0)
+                await sink.flush()
+                timer.add("write", time.perf_counter() - t1)
+            else:
+                await sink.flush()
+            if loop.firsts or loop.ended or loop.stopped:
+                await _report(loop)
     finally:
         loop.close()
+
+
+async def _report(loop: TokenLoop) -> None:
+    """A batch's first tokens and ends, once its output went to the client."""
+    for gen, attempt_id in loop.firsts:
+        if gen.attempt_id == attempt_id:  # (not one that failed since)
+            await first_token(gen)
+    loop.firsts.clear()
+    for gen in loop.ended:
+        await done(gen)
+    loop.ended.clear()
+    for gen in loop.stopped:
+        await stop(gen)
+    loop.stopped.clear()
+
+
+async def _failed(
+    ctx: RequestContext, loop: TokenLoop, failures: list[tuple[Generation, GenerateFailed]]
+) -> TokenLoop:
+    """Each failed attempt through the policy; the token loop to go on with (a new one when
+    the request started over)."""
+    for gen, failure in failures:
+        over = await fail(gen, failure)
+        if over is None:
+            continue
+        sink = ctx.state.sink
+        if sink is not None and sink.started:
+            raise over  # the client has part of an output that cannot go on
+        loop.close()
+        await start_over(ctx, over)
+        return TokenLoop(ctx)  # the other failures were of the generations dropped
+    loop.watchdog.arm()  # the attempts changed
+    return loop
 
 
 async def start_over(ctx: RequestContext, over: CannotResume) -> None:

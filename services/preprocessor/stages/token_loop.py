@@ -4,22 +4,19 @@
 arrived together in; out, the choices' output framed into the sink (each token delta goes to
 its choice by attempt id and engine index, through the choice's text path: detokenize, stop
 strings, parsers, logprobs) and the events of the batch: attempts that produced their first
-token, ended (final message) or were stopped (stop strings), and failed. It does no I/O and
-takes no decision. `TokenLoop.run` is the shell around it: it waits for a batch (one wake-up
-per batch, no timer per token), applies it, writes the batch's frames in one go, and only
-then tells the router of first tokens and ends (the client has them first). A failure (an
-engine's, or an attempt the watchdog found silent) ends `run` with the failures of the batch,
-its output still held: the lifecycle decides what follows (lifecycle.stream) and calls `run`
-again, which writes the held output first. A request past its deadline, or ended by a
-shutdown, raises (its engine requests are then aborted).
+token (`firsts`), ended with a final message (`ended`) or were stopped by a stop string
+(`stopped`), and failures (`failures`). It does no I/O and takes no decision: the lifecycle
+(lifecycle.stream) waits for each batch, writes the sink's frames in one go, reports the
+events, and sends failures through the migration policy. `due` is the watchdog's side: the
+attempts silent for too long fail like a cut stream; a request past its deadline, or ended by
+a shutdown, raises. One wake-up per batch, no timer per token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 
@@ -38,14 +35,6 @@ from switchyard.protos.messages import (
 )
 
 Failures = list[tuple[Generation, GenerateFailed]]
-
-
-class Transitions(NamedTuple):
-    """What the token loop reports of an attempt (lifecycle.py implements them)."""
-
-    first_token: Callable[[Generation], Awaitable[None]]  # the client has its first token
-    done: Callable[[Generation], Awaitable[None]]  # its engine request ended
-    stop: Callable[[Generation], Awaitable[None]]  # no longer needed (stop strings)
 
 
 def _logprobs(ctx: RequestContext, sink: Sink, choice: ChoiceOutput, reply: TokenDelta) -> None:
@@ -101,30 +90,25 @@ class TokenLoop:
     __slots__ = (
         "_ctx",
         "_sink",
-        "_on",
         "_itl",
         "_model",
-        "_clock",
         "watchdog",
         "_last_tokens_at",
-        "_held",
-        "_firsts",
-        "_ended",
-        "_stopped",
-        "_failures",
+        "firsts",
+        "ended",
+        "stopped",
+        "failures",
     )
 
-    def __init__(self, ctx: RequestContext, transitions: Transitions) -> None:
+    def __init__(self, ctx: RequestContext) -> None:
         state = ctx.state
         deps = ctx.deps
         limits = deps.limits
         assert state.sink is not None
         self._ctx = ctx
         self._sink: Sink = state.sink
-        self._on = transitions
         self._model = state.entry.name if state.entry is not None else ""
         self._itl = deps.metrics.itl.labels(self._model)  # looked up once per request
-        self._clock = asyncio.get_running_loop().time
         self.watchdog = Watchdog(
             state.queue,
             state.generations,
@@ -134,12 +118,13 @@ class TokenLoop:
             ctx.inp.timeout,
             deps.shutdown,
         )
+        self.watchdog.arm()
         self._last_tokens_at = 0.0
-        self._held: tuple[bool, float, float] | None = None  # a batch not written yet
-        self._firsts: list[tuple[Generation, str]] = []  # (generation, its attempt id)
-        self._ended: list[Generation] = []
-        self._stopped: list[Generation] = []
-        self._failures: Failures = []
+        # The events of the batches applied since the lifecycle last took them:
+        self.firsts: list[tuple[Generation, str]] = []  # (generation, its attempt id)
+        self.ended: list[Generation] = []
+        self.stopped: list[Generation] = []
+        self.failures: Failures = []
 
     def close(self) -> None:
         self.watchdog.cancel()
@@ -163,7 +148,7 @@ class TokenLoop:
             if kind is GenerateFailed:
                 if gen.unfinished:  # (else its choices are done: it is being stopped)
                     del attempts[reply.request_id]  # the rest of its replies are stale
-                    self._failures.append((gen, reply))
+                    self.failures.append((gen, reply))
                 continue
             index = reply.index
             if index >= len(gen.choices):
@@ -206,7 +191,7 @@ class TokenLoop:
                 state.unfinished -= 1
                 gen.unfinished -= 1
                 if not gen.unfinished:
-                    self._stopped.append(gen)
+                    self.stopped.append(gen)
         return got_tokens
 
     def _first(self, gen: Generation) -> None:
@@ -214,7 +199,7 @@ class TokenLoop:
         gen.got_tokens = True
         if isinstance(gen.stream, HopStream):
             gen.stream.started = True
-        self._firsts.append((gen, gen.attempt_id))
+        self.firsts.append((gen, gen.attempt_id))
         self.watchdog.arm()  # its deadline is now the (shorter) gap timeout
 
     def _finished(self, gen: Generation, choice: ChoiceOutput, reply: GenerateFinished) -> None:
@@ -237,61 +222,22 @@ class TokenLoop:
         self._ctx.state.unfinished -= 1
         gen.unfinished -= 1
         if not gen.unfinished:
-            self._ended.append(gen)
+            self.ended.append(gen)
 
-    # ---- the shell: wait, apply, write, report ---------------------------------------------
+    # ---- around the batches -----------------------------------------------------------
 
-    async def run(self) -> Failures:
-        """Until every choice finished ([]), or some attempts failed (their failures)."""
+    def observe(self, now: float) -> None:
+        """A batch brought streamed tokens: the request's TTFT, or an inter-token latency."""
         state = self._ctx.state
-        queue = state.queue
-        watchdog = self.watchdog
-        timer = self._ctx.deps.timer
-        clock = self._clock
-        sink = self._sink
-        watchdog.arm()  # (again after failures: the attempts changed)
-        while True:
-            if self._held is None:
-                if not state.unfinished:
-                    return []
-                if watchdog.expired:
-                    late = self._due()
-                    if late is not None:
-                        if late:
-                            return late
-                        continue
-                if queue.empty():
-                    await queue.wait()
-                    continue
-                items = queue.take()
-                t0 = time.perf_counter() if timer is not None else 0.0
-                now = clock()
-                got = self.apply(items, now)
-                if self._failures:
-                    self._held = (got, now, t0)
-                    failures, self._failures = self._failures, []
-                    return failures
-            else:  # the batch whose failures were just handled
-                got, now, t0 = self._held
-                self._held = None
-            # Write the batch's output, then report its first tokens and ends.
-            if got:
-                if state.first_token_at is not None:
-                    self._itl.observe(now - self._last_tokens_at)
-                else:
-                    self._first_token_at()
-                self._last_tokens_at = now
-            if timer is not None:
-                t1 = time.perf_counter()
-                timer.add("stream", t1 - t0)
-                await sink.flush()
-                timer.add("write", time.perf_counter() - t1)
-            else:
-                await sink.flush()
-            if self._firsts or self._ended or self._stopped:
-                await self._report()
+        if state.first_token_at is not None:
+            self._itl.observe(now - self._last_tokens_at)
+        else:
+            ctx = self._ctx
+            at = state.first_token_at = time.perf_counter()
+            ctx.deps.metrics.ttft.labels(self._model).observe(at - ctx.inp.received)
+        self._last_tokens_at = now
 
-    def _due(self) -> Failures | None:
+    def due(self) -> Failures | None:
         """The watchdog fired: raises the request's end (past its deadline, or shut down: its
         engine requests then abort); else the failures of the attempts silent too long, [] when
         none is (re-armed), None while replies wait to be applied first."""
@@ -308,26 +254,3 @@ class TokenLoop:
         if not late:
             watchdog.arm()
         return late
-
-    def _first_token_at(self) -> None:
-        """The request's first streamed tokens: its time to first token."""
-        ctx = self._ctx
-        at = ctx.state.first_token_at = time.perf_counter()
-        ctx.deps.metrics.ttft.labels(self._model).observe(at - ctx.inp.received)
-
-    async def _report(self) -> None:
-        """Tell the lifecycle of the batch's first tokens and ends (after its output went)."""
-        on = self._on
-        if self._firsts:
-            for gen, attempt_id in self._firsts:
-                if gen.attempt_id == attempt_id:  # (not one that failed since)
-                    await on.first_token(gen)
-            self._firsts.clear()
-        if self._ended:
-            for gen in self._ended:
-                await on.done(gen)
-            self._ended.clear()
-        if self._stopped:
-            for gen in self._stopped:
-                await on.stop(gen)
-            self._stopped.clear()
