@@ -7,6 +7,8 @@ per-token messages (`TokenDelta`) are on the hot path. Channels:
                        <- WorkerAdminRequest                       -> WorkerAdminReply
     fleet      PUB     -> FleetUpdate (ordered by version)
     router     ROUTER  <- RouteRequest, RouteProgress              -> RouteResponse
+                       <- FlowAdmit, FlowRelease, FlowSync         -> FlowDecision
+                       <- FlowStatusRequest                        -> FlowStatus
     dispatcher ROUTER  <- GenerateRequest, CancelRequest           -> TokenDelta, GenerateFinished,
                                                                       GenerateFailed
                        <- EmbedRequest                             -> Embeddings | GenerateFailed
@@ -260,7 +262,83 @@ class KvDebugReply(msgspec.Struct, frozen=True, kw_only=True, tag="kv_debug_repl
     body: dict[str, Any] = {}
 
 
-RouterRequest = RouteRequest | RouteProgress | InstanceBusy | KvDebugRequest
+# ---- flow control (the router's deployment-wide gate; switchyard.common.flow) -------------
+
+
+class FlowAdmit(msgspec.Struct, frozen=True, kw_only=True, tag="flow_admit"):
+    """May this request run? Answered by one FlowDecision, at once or once it leaves the
+    gate's queue. Releasing the ticket (FlowRelease) cancels a wait."""
+
+    ticket: str  # the request's engine id: unique per request
+    peer: str  # the asking preprocessor (its sync lists what it still runs)
+    model: str
+    flow: str
+    priority: int = 0
+    units: int = 1  # sequences the engines will run for it
+    cost: int = 1  # tokens: the prompts and the most they may generate
+    objective_ms: float = 0.0  # its TTFT objective left when sent (0: none)
+    token_ids: list[int] = []  # with an objective: its first prompt, to predict its TTFT
+    max_wait_s: float = 0.0  # its own deadline bounds its wait (0: none)
+    config: str = ""  # the digest of the sender's flow config (replicas compare)
+
+
+class FlowDecision(msgspec.Struct, frozen=True, kw_only=True, tag="flow_decision"):
+    request_id: str  # the ticket (the router channel matches every reply by request_id)
+    admitted: bool
+    reason: str = ""  # refused: queue_full | queue_timeout | flow_limit | ttft_objective ...
+    message: str = ""
+    retry_after_s: float = 0.0
+    wait_ms: float = 0.0  # how long it waited in the gate's queue
+    predicted_ttft_ms: float = 0.0  # refused by objective: the TTFT it was predicted
+    peers: int = 0  # preprocessors the gate hears from (a fallback gate's share)
+
+
+class FlowRelease(msgspec.Struct, frozen=True, tag="flow_release"):
+    """The request ended (or gave up waiting). Fire-and-forget: a lost one is repaired by
+    the next FlowSync."""
+
+    ticket: str
+    tokens: int = -1  # prompt + generated tokens (-1: unknown), refunded against its cost
+
+
+class FlowHeld(msgspec.Struct, frozen=True, array_like=True):
+    ticket: str
+    flow: str
+    priority: int
+    units: int
+    cost: int
+
+
+class FlowSync(msgspec.Struct, frozen=True, kw_only=True, tag="flow_sync"):
+    """Every second, and before the first admit to a router: the requests this preprocessor
+    runs (whichever gate admitted them)."""
+
+    peer: str
+    held: list[FlowHeld] = []
+
+
+class FlowStatusRequest(msgspec.Struct, frozen=True, tag="flow_status_request"):
+    request_id: str
+
+
+class FlowStatus(msgspec.Struct, frozen=True, kw_only=True, tag="flow_status"):
+    """The gate's state for /debug/flow (None: this router runs no gate)."""
+
+    request_id: str
+    state: dict[str, Any] | None = None
+
+
+RouterRequest = (
+    RouteRequest
+    | RouteProgress
+    | InstanceBusy
+    | KvDebugRequest
+    | FlowAdmit
+    | FlowRelease
+    | FlowSync
+    | FlowStatusRequest
+)
+RouterReply = RouteResponse | KvDebugReply | FlowDecision | FlowStatus
 
 # ---- dispatcher --------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ import logging
 from switchyard.common import endpoints, heap
 from switchyard.common.argtypes import seconds
 from switchyard.common.engines.tls import add_engine_tls_arguments, engine_tls_from_args
+from switchyard.common.flow import config as flow_config
 from switchyard.common.logs import add_logging_arguments, setup_logging
 from switchyard.common.metrics import add_metrics_arguments
 from switchyard.common.ports import add_port_arguments, write_ready_file
@@ -154,6 +155,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=600.0,
         help="seconds after which an unfinished request stops counting as load",
     )
+    parser.add_argument(
+        "--flow-config",
+        default=None,
+        metavar="PATH",
+        help="flow control: run the deployment's admission gate with this YAML or JSON file "
+        "(priorities, fair shares, TTFT objectives; give the preprocessors the same file; "
+        "docs/flow-control.md); default: none",
+    )
     add_engine_tls_arguments(parser)  # SubscribeKvEvents and GetLoads over grpcs://
     add_metrics_arguments(parser, "router")
     add_port_arguments(parser)
@@ -190,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         listener = listener_from_args(args)
         tls = engine_tls_from_args(args)
+        flow = flow_config.load(args.flow_config) if args.flow_config else None
         core = RouterCore(
             routing_from_args(args),
             tracker=InFlightTracker(args.request_ttl),
@@ -210,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
             silence_after=args.kv_silence_warning,
             stale_after=args.kv_stale_after,
             tls=tls,
+            flow=flow,
         )
 
     def bound(service: RouterService, endpoint: str, metrics_port: int | None) -> None:

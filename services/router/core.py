@@ -38,11 +38,13 @@ from switchyard.router.framework import Outcome, PluginStats, Profile
 from switchyard.router.kv.index import KvIndex
 from switchyard.router.load import EngineLoads, InFlightTracker
 from switchyard.router.policies import build_profile
+from switchyard.router.policies.predicted_ttft import PredictedTtft
 from switchyard.router.prefix import cached_tokens
 from switchyard.router.prompt_hashes import PromptBlocks, PromptHashes
 from switchyard.router.timing import TimeModel
 from switchyard.router.types import (
     Needs,
+    NoParams,
     PluginDeps,
     ProfileHandler,
     RouteContext,
@@ -102,6 +104,7 @@ class RouterCore:
         self.handler: ProfileHandler = build_handler(
             self.config.disagg, deps, disagg_min_uncached_tokens
         )
+        self._ttft = PredictedTtft(NoParams(), deps)  # the flow gate's predictions
         self.needs = self.decode.needs | self.prefill.needs | self.handler.needs
         # As bools: a Flag `&` builds an enum member per test, per decision.
         self._needs_session = bool(self.needs & Needs.SESSION)
@@ -165,13 +168,7 @@ class RouterCore:
             busy=self._busy,
         )
         if prefills:
-            exclude = request.exclude
-            ctx.hop_protocols = frozenset(
-                w.instance.protocol
-                for w in prefills
-                if w.instance.instance_id not in exclude
-                and self._busy.get(w.instance.instance_id, 0.0) <= now
-            )
+            ctx.hop_protocols = self._hop_protocols(request, prefills, now)
         if self._needs_session:
             ctx.session = request.session_id
         if self._needs_blocks and (candidates or prefills):
@@ -206,6 +203,44 @@ class RouterCore:
             predicted_ttft_ms=explanation.ttft_s * 1e3 if explanation is not None else 0.0,
         )
         return Routed(response, chosen)
+
+    def _hop_protocols(
+        self, request: RouteRequest, prefills: list[Worker], now: float
+    ) -> frozenset[str]:
+        exclude = request.exclude
+        return frozenset(
+            w.instance.protocol
+            for w in prefills
+            if w.instance.instance_id not in exclude
+            and self._busy.get(w.instance.instance_id, 0.0) <= now
+        )
+
+    def predict_ttft(self, request: RouteRequest, now: float) -> float:
+        """The smallest predicted time to first token (seconds) over the workers the decode
+        profile's filters leave for this prompt, by the time model whatever the routing
+        mode; 0.0 when none is left (the flow gate then judges by its queue alone)."""
+        workers = self._decode_workers.get(request.model, [])
+        ctx = RouteContext(
+            request,
+            now,
+            self.time,
+            explain=True,
+            engine_stale_s=self.engine_loads.stale_after,
+            busy=self._busy,
+        )
+        prefills = self._prefill_workers.get(request.model, [])
+        if prefills:
+            ctx.hop_protocols = self._hop_protocols(request, prefills, now)
+        for plugin in self.decode.filters:
+            if not workers:
+                return 0.0
+            workers = plugin.filter(ctx, workers)
+        if not workers:
+            return 0.0
+        if self._needs_blocks:
+            self._kv_view(ctx, workers)
+        self._ttft.costs(ctx, workers)
+        return min(e.ttft_s for e in ctx.explanations.values())
 
     def _refusal(self, request: RouteRequest, outcome: Outcome) -> RouteResponse:
         if outcome.emptied_by == "not_busy":

@@ -18,10 +18,17 @@ from smg_grpc_proto.generated import common_pb2
 from switchyard.common.engines.connect import client_for
 from switchyard.common.engines.tls import EngineTls
 from switchyard.common.fleet_client import FleetClient
+from switchyard.common.flow.config import FlowConfig
 from switchyard.common.messaging import LoopSocket, bound_endpoint, decode_routed, new_socket
 from switchyard.common.ports import PortRange
 from switchyard.protos import codec
 from switchyard.protos.messages import (
+    FlowAdmit,
+    FlowDecision,
+    FlowRelease,
+    FlowStatus,
+    FlowStatusRequest,
+    FlowSync,
     InstanceAdded,
     InstanceBusy,
     InstanceEvent,
@@ -34,6 +41,7 @@ from switchyard.protos.messages import (
 )
 from switchyard.router import kv_debug
 from switchyard.router.core import RouterCore
+from switchyard.router.flow import FlowService, no_gate
 from switchyard.router.kv.ingestor import KvIngestor, ListenerSpec
 from switchyard.router.load_poller import LoadPoller, poll_clients
 from switchyard.router.metrics import RouterMetrics
@@ -69,6 +77,7 @@ class RouterService:
         silence_after: float = 30.0,
         stale_after: float = 30.0,
         tls: EngineTls | None = None,
+        flow: FlowConfig | None = None,
     ) -> None:
         self.core = core
         self.bind = bind
@@ -113,6 +122,23 @@ class RouterService:
         )
         self._sock: LoopSocket | None = None
         self._pending_debug: list[KvDebugRequest] = []
+        # The deployment's flow gate (--flow-config; see flow.py).
+        self.flow = (
+            FlowService(
+                flow,
+                self._reply,
+                lambda m, now: core.predict_ttft(
+                    RouteRequest(
+                        request_id=m.ticket, model=m.model, token_ids=m.token_ids, dry_run=True
+                    ),
+                    now,
+                ),
+                clock,
+                self.metrics.registry,
+            )
+            if flow is not None
+            else None
+        )
 
     @property
     def kv_listen_endpoint(self) -> str | None:
@@ -168,6 +194,8 @@ class RouterService:
             else:
                 raw.close(linger=0)
             await self.fleet.close()
+            if self.flow is not None:
+                self.flow.close()
             if self.poller is not None:
                 await self.poller.close()
             if self.ingestor is not None:
@@ -215,13 +243,13 @@ class RouterService:
             return
         identity, message = routed
         if type(message) is list:
-            decided = [d for d in map(self._handle, message) if d is not None]
+            decided = [d for d in (self._handle(identity, m) for m in message) if d is not None]
             if decided:
                 self._reply(identity, [d.response for d in decided])
                 for d in decided:
                     self._account(d)
         else:
-            one = self._handle(message)
+            one = self._handle(identity, message)
             if one is not None:
                 self._reply(identity, one.response)
                 self._account(one)
@@ -241,8 +269,18 @@ class RouterService:
         )
         return KvDebugReply(request_id=request.request_id, found=body is not None, body=body or {})
 
-    def _handle(self, message: RouterRequest) -> _Decided | None:
+    def _handle(self, identity: bytes, message: RouterRequest) -> _Decided | None:
         core = self.core
+        if isinstance(message, FlowAdmit | FlowRelease | FlowSync):
+            if self.flow is not None:
+                self.flow.handle(identity, message)
+            elif isinstance(message, FlowAdmit):
+                self._reply(identity, no_gate(message))
+            return None
+        if isinstance(message, FlowStatusRequest):
+            status = self.flow.status(message) if self.flow is not None else None
+            self._reply(identity, status or FlowStatus(request_id=message.request_id))
+            return None
         if isinstance(message, RouteRequest):
             started = time.perf_counter()
             now = self.clock()
@@ -277,7 +315,14 @@ class RouterService:
             self.ingestor.note_routed(reply.instance_id, decided.now, reply.dp_rank or 0)
 
     def _reply(
-        self, identity: bytes, reply: RouteResponse | KvDebugReply | list[RouteResponse]
+        self,
+        identity: bytes,
+        reply: RouteResponse
+        | KvDebugReply
+        | FlowDecision
+        | FlowStatus
+        | list[RouteResponse]
+        | list[FlowDecision],
     ) -> None:
         assert self._sock is not None
         try:
