@@ -45,6 +45,7 @@ from switchyard.common.engines.tls import (
     engine_tls_argv,
     engine_tls_from_args,
 )
+from switchyard.common.flow import config as flow_config
 from switchyard.common.logs import add_logging_arguments, setup_logging
 from switchyard.common.ports import (
     PortRange,
@@ -292,6 +293,8 @@ def preprocessor_guardrail_argv(args: argparse.Namespace, admin_listener: bool) 
     ]  # fmt: skip
     if args.api_keys_file:
         out += ["--api-keys-file", str(args.api_keys_file)]
+    if args.flow_config:
+        out += ["--flow-config", os.path.abspath(args.flow_config)]
     if admin_listener:
         out += ["--admin-host", args.admin_host]
     return out + https.argv(args) + cors.argv(args)
@@ -436,6 +439,8 @@ class Launcher:
             def argv(report: dict[str, Any] | None) -> list[str]:
                 cmd = ["router", "--bind", report["bind"] if report else LOCAL]
                 cmd += ["--router-mode", args.router_mode, *fleet_flags, *tls, *args.router_arg]
+                if args.flow_config:  # the deployment's flow gate (the same file)
+                    cmd += ["--flow-config", os.path.abspath(args.flow_config)]
                 if args.router_metrics_port is not None and index == 0:
                     return cmd + ["--metrics-port", str(args.router_metrics_port)]
                 return cmd + self._metrics(report)
@@ -609,6 +614,8 @@ def run(args: argparse.Namespace) -> int:
         engine_tls_from_args(args)  # unreadable files fail here, not in every child
         https.from_args(args)
         cors.wrap(None, args)
+        if args.flow_config:
+            flow_config.load(args.flow_config)  # a bad file fails here, not in every child
     except ValueError as exc:
         log.error("%s", exc)
         return 2

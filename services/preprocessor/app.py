@@ -4,7 +4,8 @@ GET /health, /ready, /v1/models, /v1/models/{model}, /metrics, the stored respon
 (stored_responses: GET/DELETE /v1/responses/{id}, input_items, cancel) and conversations
 (conversations: /v1/conversations...), POST /debug/route, which runs a request's prompt
 stages and asks the router where it would go (with the request's session key, the
-x-session-id header or the body's `user`), sending nothing to an engine, and the admin API,
+x-session-id header or the body's `user`), sending nothing to an engine, GET /debug/flow
+(flow control: this process's view and the deployment's gate, its queue), and the admin API,
 which fleet owns and this app serves over HTTP:
 
     GET    /admin/workers                  every configured worker: state, what was learned
@@ -45,6 +46,8 @@ from switchyard.preprocessor.stages.endpoints import new_request, prompt_stages,
 from switchyard.preprocessor.state import PreprocessorState
 from switchyard.preprocessor.storage.errors import StoreUnavailable
 from switchyard.protos.messages import (
+    FlowStatus,
+    FlowStatusRequest,
     KvDebugRequest,
     RouteRequest,
     WorkerAdminReply,
@@ -124,6 +127,10 @@ def create_app(state: PreprocessorState) -> FastAPI:
             state, request.query_params.get("worker"), request.query_params.get("dp_rank", "0")
         )
 
+    @app.get("/debug/flow")
+    async def debug_flow() -> Response:
+        return await _debug_flow(state)
+
     @app.get("/admin/workers")
     async def list_workers() -> Response:
         return await _admin(state, WorkerAdminRequest(action="list"))
@@ -188,7 +195,7 @@ class _NoAnswer:
     async def end_stream(self, data: bytes = b"") -> None:
         raise RuntimeError("no answer")
 
-    async def respond(self, status: int, body: bytes) -> None:
+    async def respond(self, status: int, body: bytes, extra: object = None) -> None:
         raise RuntimeError("no answer")
 
 
@@ -270,6 +277,42 @@ async def _debug_kv(state: PreprocessorState, worker: str | None, rank: str) -> 
         )
         return _json(body, 404)
     return _json(orjson.dumps(reply.body))
+
+
+async def _debug_flow(state: PreprocessorState) -> Response:
+    """Flow control as this process sees it, and the deployment's gate (the leading
+    router's queue, its bands and flows)."""
+    flow = state.flow
+    if flow is None:
+        return _json(orjson.dumps({"flow_control": False}))
+    gate = None
+    leader = state.router.flow_leader()
+    if leader is not None:
+        key = request_ids.mint("flow-status-")
+        try:
+            reply = await leader.call(
+                key, FlowStatusRequest(request_id=key), state.config.route_timeout
+            )
+        except (TimeoutError, ConnectionError):
+            reply = None
+        if isinstance(reply, FlowStatus):
+            gate = {"router": leader.endpoint, "state": reply.state}
+    return _json(
+        orjson.dumps(
+            {
+                "flow_control": True,
+                "config": {
+                    "digest": flow.config.digest,
+                    "max_running": flow.config.max_running,
+                    "burst": flow.config.burst,
+                    "max_queued": flow.config.max_queued,
+                    "queue_timeout_s": flow.config.queue_timeout_s,
+                },
+                "preprocessor": flow.status(),
+                "deployment": gate,
+            }
+        )
+    )
 
 
 def _instance_ref(state: PreprocessorState, instance_id: int | None) -> dict | None:

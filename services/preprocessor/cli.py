@@ -13,6 +13,7 @@ import uvicorn
 from switchyard.common import endpoints, heap
 from switchyard.common.argtypes import positive_seconds, whole_number
 from switchyard.common.engines.tls import add_engine_tls_arguments, engine_tls_from_args
+from switchyard.common.flow import config as flow_config
 from switchyard.common.logs import add_logging_arguments, setup_logging
 from switchyard.common.metrics import add_metrics_arguments, serve_metrics
 from switchyard.common.ports import add_port_arguments, bind_tcp, port_number, write_ready_file
@@ -116,6 +117,14 @@ def add_guardrail_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="requests one client key may have running or queued (0: no limit; default 0)",
+    )
+    limits.add_argument(
+        "--flow-config",
+        default=None,
+        metavar="PATH",
+        help="flow control: priorities, fair shares between tenants, TTFT objectives, and "
+        "limits for the whole deployment, from this YAML or JSON file, enforced by the "
+        "routers' gate (give them the same file; docs/flow-control.md); default: none",
     )
     limits.add_argument(
         "--request-timeout",
@@ -354,6 +363,7 @@ def run(args: argparse.Namespace) -> int:
             args.queue_timeout,
             args.max_requests_per_key,
         )
+        flow = flow_config.load(args.flow_config) if args.flow_config else None
         try:
             keys = KeyRing([*args.api_key, *keys_from_env()], args.api_keys_file)
         except (OSError, UnicodeDecodeError) as exc:
@@ -417,6 +427,7 @@ def run(args: argparse.Namespace) -> int:
             engine_tls=engine_tls,
             request_timeout=args.request_timeout,
             admission=limits,
+            flow=flow,
             shutdown_grace=args.shutdown_grace,
             store=store_config_from_args(args),
         )

@@ -45,7 +45,6 @@ from switchyard.preprocessor.auth import (
 from switchyard.preprocessor.errors import (
     INVALID_REQUEST,
     AuthenticationError,
-    RateLimitError,
     RequestError,
     as_request_error,
     error_body,
@@ -164,15 +163,12 @@ class UnsupportedEncodingError(RequestError):
             "unsupported_content_encoding",
         )
 
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [(b"accept-encoding", b"identity")]
+
 
 def error_headers(exc: RequestError) -> list[tuple[bytes, bytes]]:
-    if isinstance(exc, RateLimitError):
-        return [(b"retry-after", str(exc.retry_after).encode())]
-    if isinstance(exc, AuthenticationError):
-        return [(b"www-authenticate", b'Bearer realm="switchyard"')]
-    if isinstance(exc, UnsupportedEncodingError):
-        return [(b"accept-encoding", b"identity")]
-    return []
+    return exc.headers()
 
 
 def in_dialect(exc: RequestError, path: str) -> RequestError:
@@ -430,6 +426,7 @@ def _request(
         timeout=timeout,
         path=scope["path"],
         tenant=tenant,
+        headers=scope["headers"],
     )
     if deps.tracing is not None:
         carrier = {"traceparent": traceparent.decode("latin-1")} if traceparent else {}

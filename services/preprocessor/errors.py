@@ -13,7 +13,8 @@
      |    |                                                          shutting_down,
      |    |                                                          store_unavailable, ...
      |    +-- AuthenticationError        401  invalid_request_error code invalid_api_key
-     |    +-- RateLimitError             429  rate_limit_error      code rate_limit_exceeded
+     |    +-- RateLimitError             429  rate_limit_error      code rate_limit_exceeded,
+     |    |                                   ttft_objective_unattainable (flow control)
      |    |                                   (retry_after: the Retry-After header, seconds)
      |    +-- DeadlineExceededError      504  timeout_error         code request_timeout
      +-- NoWorker(reason, model)              no engine can take the request (router's reason)
@@ -72,6 +73,10 @@ class RequestError(Exception):
     def body(self) -> bytes:
         return error_body(self.message, self.type, self.code, self.param)
 
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """Response headers the error's status calls for (none by default)."""
+        return []
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(status={self.status}, code={self.code!r}, "
@@ -110,13 +115,19 @@ class AuthenticationError(RequestError):
     def __init__(self, message: str) -> None:
         super().__init__(401, message, INVALID_REQUEST, "invalid_api_key")
 
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [(b"www-authenticate", b'Bearer realm="switchyard"')]
+
 
 class RateLimitError(RequestError):
     """429: over the admission limits; the client may retry after `retry_after` seconds."""
 
-    def __init__(self, message: str, retry_after: int) -> None:
-        super().__init__(429, message, "rate_limit_error", "rate_limit_exceeded")
+    def __init__(self, message: str, retry_after: int, code: str = "rate_limit_exceeded") -> None:
+        super().__init__(429, message, "rate_limit_error", code)
         self.retry_after = retry_after
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [(b"retry-after", str(self.retry_after).encode())]
 
 
 class DeadlineExceededError(RequestError):

@@ -28,6 +28,7 @@ _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
 _DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 # 10 us to 1 s, six buckets a decade (x1.47): bench/stages.py reads the route stage's p50/p99
 # from them (stage timing is a benchmark mode, so the finer buckets cost nothing in service).
+_FLOW_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _STAGE_BUCKETS = tuple(round(10 ** (e / 6 - 5), 9) for e in range(31))
 
 # The router's KV prediction against what the engine reported cached: within a block
@@ -127,6 +128,22 @@ class PreprocessorMetrics:
             "switchyard_preprocessor_connections_taken_over",
             "connections accepted from a sibling replica's socket, where they had waited past "
             "the standby grace (the sibling dead, restarting, frozen or busy)",
+            registry=r,
+        )
+        # Flow control (--flow-config); `priority` and `flow` are the file's names (bounded:
+        # switchyard.common.flow.config), `reason` one of the gate's.
+        self.flow_wait = LoopHistogram(
+            "switchyard_preprocessor_flow_wait_seconds",
+            "time admitted requests waited for the flow gate, its round trip included",
+            _FLOW_WAIT_BUCKETS,
+            ["priority", "flow"],
+            registry=r,
+        )
+        self.flow_refused = Counter(
+            "switchyard_preprocessor_flow_refused",
+            "requests the flow gate refused (queue_full, queue_timeout, flow_limit, "
+            "ttft_objective)",
+            ["priority", "flow", "reason"],
             registry=r,
         )
         self._by_model: dict[str, _ModelSeries] = {}  # models are bounded (see above)

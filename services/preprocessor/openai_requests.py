@@ -88,6 +88,7 @@ class ChatCompletionRequest:
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     separate_reasoning: bool = True
+    priority: int | None = None  # vLLM's field: flow control's priority (stages/admit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +103,7 @@ class CompletionRequest:
     echo: bool = False
     logprobs: int | None = None  # top alternatives per token (0: the chosen token's only)
     best_of: int = 1  # candidates per prompt; the n with the highest logprob sum are returned
+    priority: int | None = None  # vLLM's field: flow control's priority (stages/admit)
 
     @property
     def prompt(self) -> str | tuple[int, ...]:
@@ -117,6 +119,7 @@ class EmbeddingRequest:
     user: str | None = None
     sampling: SamplingOptions = SamplingOptions()  # unused: the stages read max_tokens None
     stream: bool = False
+    priority: int | None = None  # vLLM's field: flow control's priority (stages/admit)
 
 
 def parse_embeddings(body: bytes) -> EmbeddingRequest:
@@ -129,7 +132,12 @@ def parse_embeddings(body: bytes) -> EmbeddingRequest:
             exc.message.replace("'prompt'", "'input'"), exc.code, param
         ) from None
     return EmbeddingRequest(
-        raw.model, inputs, raw.encoding_format == "base64", raw.dimensions, raw.user
+        raw.model,
+        inputs,
+        raw.encoding_format == "base64",
+        raw.dimensions,
+        raw.user,
+        priority=raw.priority,
     )
 
 
@@ -226,6 +234,7 @@ def parse_chat_completion(body: bytes) -> ChatCompletionRequest:
         prompt.add_generation_prompt,
         prompt.continue_final_message,
         True if raw.separate_reasoning is None else raw.separate_reasoning,
+        priority=raw.priority,
     )
 
 
@@ -257,6 +266,7 @@ def parse_completion(body: bytes) -> CompletionRequest:
         bool(raw.echo),
         raw.logprobs,
         best_of,
+        priority=raw.priority,
     )
 
 

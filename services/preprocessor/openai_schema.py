@@ -207,6 +207,8 @@ class _Sampling(Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=T
     guided_choice: Annotated[list[str], Meta(min_length=1)] | None = None
     guided_grammar: str | None = None
     response_format: ResponseFormat | None = None
+    # vLLM's: lower is served first (flow control, --flow-config; without it only 0).
+    priority: Int32 | None = None
     # OpenAI fields with no effect here unless set to their neutral value (checked in
     # openai_requests: anything else is a 400 naming the field).
     service_tier: str | None = None
@@ -261,6 +263,7 @@ class EmbeddingsBody(Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
     encoding_format: Literal["float", "base64"] | None = None
     dimensions: PositiveInt32 | None = None
     user: str | None = None
+    priority: Int32 | None = None  # vLLM's, as on the other endpoints
 
 
 CHAT_DECODER = msgspec.json.Decoder(ChatCompletionBody)

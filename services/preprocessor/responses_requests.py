@@ -125,6 +125,7 @@ def parse_responses(body: bytes) -> ResponsesRequest:
         tool_choice,
         parallel,
         template_kwargs=kwargs,
+        priority=raw.priority,
         shown=shown,
         store=raw.store,
         previous_response_id=raw.previous_response_id,

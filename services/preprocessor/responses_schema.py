@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-from .openai_schema import NonEmptyStr, PositiveInt32, Temperature, TopP
+from .openai_schema import Int32, NonEmptyStr, PositiveInt32, Temperature, TopP
 
 _CONFIG = {"forbid_unknown_fields": True, "frozen": True, "omit_defaults": True, "kw_only": True}
 Status = Literal["in_progress", "completed", "incomplete"]
@@ -182,6 +182,7 @@ class ResponsesBody(Struct, **_CONFIG):  # type: ignore[call-arg]
     # Hints with nothing to do here (the engines cache prefixes by themselves), as in chat.
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
+    priority: Int32 | None = None  # vLLM's: flow control's priority
     service_tier: str | None = None  # only auto / default
     # Stored state (stages/stored.py).
     store: bool | None = None

@@ -34,6 +34,7 @@ from switchyard.common.messaging import RequestReplyClient
 from switchyard.common.replicas import RESOLVE_INTERVAL_S, ReplicaSet, Resolve, resolve_ipv4
 from switchyard.protos import codec
 from switchyard.protos.messages import (
+    FlowAdmit,
     Instance,
     InstanceBusy,
     KvDebugReply,
@@ -56,9 +57,17 @@ class _Router(RequestReplyClient):
 
     def __init__(self, endpoint: str) -> None:
         super().__init__(
-            endpoint, codec.route_response, key=lambda r: r.request_id, urgent=(RouteRequest,)
+            endpoint,
+            codec.route_response,
+            key=lambda r: r.request_id,
+            urgent=(RouteRequest, FlowAdmit),
         )
         self.suspect_until = 0.0  # monotonic: skipped until then (it let a call time out)
+        self.drops = 0  # connections lost: a router that restarted has forgotten its state
+
+    def on_disconnect(self) -> None:
+        self.drops += 1
+        super().on_disconnect()
 
     def send_now(self, message: Any) -> None:
         try:
@@ -152,6 +161,17 @@ class RouterClient:
         ordered = routers[first:] + routers[:first]
         now = time.monotonic()
         return [r for r in ordered if r.connected and r.suspect_until <= now]
+
+    def flow_leader(self) -> _Router | None:
+        """The first live router that is connected and not suspect: every preprocessor
+        given the same list asks the same one (the deployment's flow gate). A name's
+        addresses are in sorted order (ReplicaSet), so the same holds for a name that
+        resolves to several routers."""
+        now = time.monotonic()
+        for router in self.replicas.live:
+            if router.connected and router.suspect_until <= now:
+                return router
+        return None
 
     async def route(self, request: RouteRequest, timeout: float) -> RouteResponse:
         for router in self._connected():

@@ -17,6 +17,7 @@ import zmq.asyncio
 from switchyard.common.engines.tls import EngineTls
 from switchyard.common.fleet_admin import fleet_admin
 from switchyard.common.fleet_client import FleetClient
+from switchyard.common.flow.config import FlowConfig
 from switchyard.common.replicas import RESOLVE_INTERVAL_S
 from switchyard.preprocessor.access_log import AccessLog
 from switchyard.preprocessor.admission import Admission, AdmissionCollector
@@ -24,6 +25,7 @@ from switchyard.preprocessor.admission import Limits as AdmissionLimits
 from switchyard.preprocessor.auth import Access, KeyRing
 from switchyard.preprocessor.catalog import ModelEntry, build_catalog
 from switchyard.preprocessor.dispatcher_client import DispatcherClient
+from switchyard.preprocessor.flow_client import FlowClient, FlowClientCollector
 from switchyard.preprocessor.metrics import PreprocessorMetrics, UpstreamsCollector
 from switchyard.preprocessor.parsers import ParserChoice, parsers_for
 from switchyard.preprocessor.router_client import RouterClient
@@ -70,6 +72,7 @@ class PreprocessorConfig:
     engine_tls: EngineTls | None = None  # grpcs:// engines (GetTokenizer)
     request_timeout: float = 0.0  # a request's total deadline (0: none)
     admission: AdmissionLimits = field(default_factory=AdmissionLimits)
+    flow: FlowConfig | None = None  # --flow-config: the deployment's flow gate
     shutdown_grace: float = 30.0  # SIGTERM: in-flight requests may finish this long
     admin_timeout: float = 5.0  # for fleet to answer an admin call
     # Stored responses and conversations (none here; the CLI's default is SQLite).
@@ -127,6 +130,10 @@ class PreprocessorState:
                 {"router": self.router.replicas, "dispatcher": self.dispatcher.replicas}
             )
         )
+        self.flow: FlowClient | None = None
+        if cfg.flow is not None:
+            self.flow = FlowClient(cfg.flow, self.router, cfg.instance, cfg.route_timeout)
+            self.metrics.registry.register(FlowClientCollector(self.flow))
         self._zmq: zmq.asyncio.Context | None = None  # the admin calls' sockets (lazily)
         self._tasks: list[asyncio.Task[None]] = []
         # Files watched while serving (name, the watch loop): the TLS certificate files.
@@ -151,6 +158,7 @@ class PreprocessorState:
             timer=StageTimer(self.metrics.stage_seconds) if cfg.stage_timing else None,
             tracing=self._tracing(),
             storage=self.storage,
+            flow=self.flow,
         )
         self.access_log = AccessLog(lambda: self.fleet.instances) if cfg.access_log else None
 
@@ -243,6 +251,8 @@ class PreprocessorState:
                     self._tasks.append(keys)
                 for name, watch in self.watches:
                     self._tasks.append(asyncio.create_task(watch(), name=name))
+                if self.flow is not None:
+                    self._tasks.append(asyncio.create_task(self.flow.run_sync(), name="flow"))
                 if self.config.listen_when_ready_s > 0:
                     await self._until_ready(self.config.listen_when_ready_s)
             yield  # stopped first: the server exits as soon as the start-up ends
@@ -252,6 +262,8 @@ class PreprocessorState:
             for task in self._tasks:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
+            if self.flow is not None:
+                self.flow.close()
             if self._zmq is not None:
                 self._zmq.term()
             if self.storage is not None:

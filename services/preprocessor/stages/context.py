@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
@@ -34,6 +34,7 @@ from switchyard.protos.messages import Instance, SamplingParams
 if TYPE_CHECKING:
     from switchyard.preprocessor.dispatcher_client import DispatcherClient
     from switchyard.preprocessor.errors import RequestError
+    from switchyard.preprocessor.flow_client import FlowClient
     from switchyard.preprocessor.parsers import ParsedDelta
     from switchyard.preprocessor.router_client import RouterClient
     from switchyard.preprocessor.stages.choice import ChoiceOutput
@@ -66,7 +67,9 @@ class HttpOut(Protocol):
 
     async def end_stream(self, data: bytes = b"") -> None: ...
 
-    async def respond(self, status: int, body: bytes) -> None: ...
+    async def respond(
+        self, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
+    ) -> None: ...
 
 
 class Sink(Protocol):
@@ -127,6 +130,7 @@ class Deps:
     tracing: Tracing | None = None  # --otlp-endpoint: OpenTelemetry spans per request
     shutdown: Shutdown = field(default_factory=Shutdown)  # every running request's watchdog
     storage: Storage | None = None  # stored responses and conversations (None: --store none)
+    flow: FlowClient | None = None  # --flow-config: the deployment's flow gate (stages/admit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +147,7 @@ class RequestInput:
     engine_prefix: str = ""
     session_id: str | None = None  # the x-session-id header
     timeout: float = 0.0  # the request's deadline, seconds after `received` (0: none)
+    headers: Sequence[tuple[bytes, bytes]] = ()  # as ASGI gave them (flow control reads some)
     created: int = field(default_factory=lambda: int(time.time()))  # the answer's `created`
     tenant: str = ""  # whose stored objects it may read and keep (auth.tenant_of)
 
@@ -187,6 +192,7 @@ class RequestState:
     trace: Trace | None = None  # tracing on: the request's spans
     extra: dict[str, Any] = field(default_factory=dict)
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)  # added to the answer's
+    flow_ticket: str | None = None  # admitted by the flow gate: released when it ends
 
 
 @dataclass(slots=True)

@@ -1,25 +1,28 @@
 """Each endpoint's stages, in order, built in this one place, and `serve`, which runs them.
 
-    chat:         parse, model, template, outputs, tokenize, check, generate, stream, finish
-    responses:    parse, history, model, template, outputs, tokenize, check, generate, stream,
+    chat:         parse, model, template, outputs, tokenize, check, admit, generate, stream,
                   finish
-    messages:     parse, model, thinking, template, outputs, tokenize, check, generate,
+    responses:    parse, history, model, template, outputs, tokenize, check, admit, generate,
                   stream, finish
-    completions:  parse, model,                    tokenize, check, generate, stream, finish
-    embeddings:   parse, model,                    tokenize,        embed,           finish
+    messages:     parse, model, thinking, template, outputs, tokenize, check, admit, generate,
+                  stream, finish
+    completions:  parse, model,                    tokenize, check, admit, generate, stream,
+                  finish
+    embeddings:   parse, model,                    tokenize,        admit, embed,    finish
 
 `parse` reads the body into the endpoint's request type; `model`, `template`, `outputs`,
-`tokenize`, `check` are the prompt's (prompt.py; embeddings tokenize in embed.py);
-`generate` starts each prompt's engine request (route -> prefill hop -> dispatch) and opens
-the answer's sink; `stream` runs the token loop and migrates what fails (lifecycle.py);
-`finish` writes the answer's end, usage and metrics (answer.py). The Responses API is chat's
-stages with its own parse (its request as the chat request it amounts to,
-responses_requests), `history` (the stored context of previous_response_id or a
-conversation, read before any engine work: stored.py) and its own sinks (responses.py,
-which keep the response at its end), its errors renamed to its fields; so is the Anthropic
-Messages API (anthropic_requests; messages.py: its thinking stage and sinks), whose errors
-also take Anthropic's shape. Every failure becomes an error in the API's shape here: an HTTP
-status before the first byte of the answer, an error event inside a stream after it.
+`tokenize`, `check` are the prompt's (prompt.py; embeddings tokenize in embed.py); `admit`
+waits for the deployment's flow gate (admit.py; with --flow-config); `generate` starts each
+prompt's engine request (route -> prefill hop -> dispatch) and opens the answer's sink;
+`stream` runs the token loop and migrates what fails (lifecycle.py); `finish` writes the
+answer's end, usage and metrics (answer.py). The Responses API is chat's stages with its own
+parse (its request as the chat request it amounts to, responses_requests), `history` (the
+stored context of previous_response_id or a conversation, read before any engine work:
+stored.py) and its own sinks (responses.py, which keep the response at its end), its errors
+renamed to its fields; so is the Anthropic Messages API (anthropic_requests; messages.py:
+its thinking stage and sinks), whose errors also take Anthropic's shape. Every failure
+becomes an error in the API's shape here: an HTTP status before the first byte of the
+answer, an error event inside a stream after it.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from __future__ import annotations
 import inspect
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from switchyard.preprocessor.anthropic_requests import anthropic_error, parse_messages
@@ -38,7 +41,15 @@ from switchyard.preprocessor.openai_requests import (
     parse_embeddings,
 )
 from switchyard.preprocessor.responses_requests import parse_responses, responses_error
-from switchyard.preprocessor.stages import answer, embed, lifecycle, messages, prompt, stored
+from switchyard.preprocessor.stages import (
+    admit,
+    answer,
+    embed,
+    lifecycle,
+    messages,
+    prompt,
+    stored,
+)
 from switchyard.preprocessor.stages.context import (
     CHAT,
     COMPLETIONS,
@@ -97,12 +108,13 @@ TEMPLATE = Stage("template", prompt.render_template)
 OUTPUTS = Stage("outputs", prompt.outputs)
 TOKENIZE = Stage("tokenize", prompt.tokenize)
 CHECK = Stage("check", prompt.check)
+ADMIT = Stage("admit", admit.admit, timed=False)  # its wait: flow_wait_seconds
 GENERATE = Stage("generate", lifecycle.generate, timed=False)
 STREAM = Stage("stream", lifecycle.stream, timed=False)
 FINISH = Stage("finish", answer.finish)
 
 PIPELINES: dict[str, tuple[Stage, ...]] = {
-    CHAT: (PARSE, MODEL, TEMPLATE, OUTPUTS, TOKENIZE, CHECK, GENERATE, STREAM, FINISH),
+    CHAT: (PARSE, MODEL, TEMPLATE, OUTPUTS, TOKENIZE, CHECK, ADMIT, GENERATE, STREAM, FINISH),
     RESPONSES: (
         PARSE,
         HISTORY,
@@ -111,6 +123,7 @@ PIPELINES: dict[str, tuple[Stage, ...]] = {
         OUTPUTS,
         TOKENIZE,
         CHECK,
+        ADMIT,
         GENERATE,
         STREAM,
         FINISH,
@@ -123,15 +136,17 @@ PIPELINES: dict[str, tuple[Stage, ...]] = {
         OUTPUTS,
         TOKENIZE,
         CHECK,
+        ADMIT,
         GENERATE,
         STREAM,
         FINISH,
     ),
-    COMPLETIONS: (PARSE, MODEL, TOKENIZE, CHECK, GENERATE, STREAM, FINISH),
+    COMPLETIONS: (PARSE, MODEL, TOKENIZE, CHECK, ADMIT, GENERATE, STREAM, FINISH),
     EMBEDDINGS: (
         PARSE,
         MODEL,
         Stage("tokenize", embed.tokenize),
+        ADMIT,
         Stage("embed", embed.embed, timed=False),
         Stage("finish", embed.respond),
     ),
@@ -139,9 +154,10 @@ PIPELINES: dict[str, tuple[Stage, ...]] = {
 
 
 def prompt_stages(endpoint: str) -> tuple[Stage, ...]:
-    """An endpoint's stages up to the first that involves an engine (/debug/route)."""
+    """An endpoint's stages up to the flow gate or the first that involves an engine
+    (/debug/route)."""
     stages = PIPELINES[endpoint]
-    first = next(i for i, s in enumerate(stages) if s.name in ("generate", "embed"))
+    first = next(i for i, s in enumerate(stages) if s.name in ("admit", "generate", "embed"))
     return stages[:first]
 
 
@@ -186,6 +202,7 @@ def new_request(
     timeout: float = 0.0,
     path: str = "",
     tenant: str = "",
+    headers: Sequence[tuple[bytes, bytes]] = (),
 ) -> RequestContext:
     """A request's context, before its body is read (its id minted unless given).
     `timeout`: its deadline, seconds after `received` (0: none)."""
@@ -200,6 +217,7 @@ def new_request(
             session_id=session_id,
             timeout=timeout,
             tenant=tenant,
+            headers=headers,
         ),
         deps,
     )
@@ -237,6 +255,7 @@ async def serve(ctx: RequestContext, body: bytes) -> int:
         return 200
     except Exception as exc:
         err = as_request_error(exc)
+        extra = err.headers()  # a 429's Retry-After, whatever shape the API gives the body
         if err.code == ENGINE_REJECTED and err.param is None and state.request is not None:
             err.param = _constraint_field(ctx)
         if endpoint == RESPONSES:
@@ -246,10 +265,11 @@ async def serve(ctx: RequestContext, body: bytes) -> int:
         state.error = err.code
         if state.sink is not None and await state.sink.fail(err):
             return 200
-        await ctx.inp.http.respond(err.status, err.body())
+        await ctx.inp.http.respond(err.status, err.body(), extra or None)
         return err.status
     finally:
         await lifecycle.stop_all(ctx)
+        admit.release(ctx)
         if state.active:
             state.active = False
             ctx.deps.metrics.active.dec()

@@ -132,8 +132,9 @@ class FakeHttp:
         self.last = data
         self.ended = True
 
-    async def respond(self, status: int, body: bytes) -> None:
+    async def respond(self, status: int, body: bytes, extra=None) -> None:
         self.status = status
+        self.headers = dict(extra or [])
         self.writes.append(body)
         self.ended = True
 
