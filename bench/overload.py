@@ -127,11 +127,12 @@ class Reply:
         self.headers: dict[str, str] = {}
 
     @classmethod
-    async def post(cls, host: str, port: int, path: str, body: bytes) -> Reply:
+    async def post(cls, host: str, port: int, path: str, body: bytes, headers: str = "") -> Reply:
+        """`headers`: more header lines, each ending in CRLF."""
         reader, writer = await asyncio.open_connection(host, port)
         writer.write(
             f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
+            f"content-length: {len(body)}\r\nconnection: close\r\n{headers}\r\n".encode()
             + body
         )
         reply = cls(reader, writer)
