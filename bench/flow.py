@@ -220,13 +220,14 @@ async def capacity(base: str, slots: int, seconds: float, max_tokens: int) -> fl
     return probe.completed / (loop.time() - t0)
 
 
-def flow_file(folder: Path, slots: int) -> Path:
+def flow_file(folder: Path, slots: int, share_window_s: float = 10.0) -> Path:
     path = folder / "flow.json"
     config = {
         "max_running": slots,
         "burst": slots // 2,
         "max_queued": 4 * slots,
         "queue_timeout_s": 10,
+        "share_window_s": share_window_s,
         "tenant_header": "x-tenant",
         "classes": {"interactive": -10, "batch": 10},
         # Named, so the metrics carry each tenant's label (equal weights).
@@ -378,17 +379,27 @@ def main() -> int:
     parser.add_argument("--itl-ms", type=float, default=15.0, help="the mock engines' pace")
     parser.add_argument("--ttft-ms", type=float, default=100.0, help="the mock engines' TTFT")
     parser.add_argument("--objective-ms", type=float, default=1000.0)
+    parser.add_argument(
+        "--share-window-s", type=float, default=10.0, help="the flow config's share_window_s"
+    )
+    parser.add_argument(
+        "--phases", default="", help="only the phases whose names contain one of these (comma)"
+    )
     parser.add_argument("--no-fifo", action="store_true", help="skip the reference stack")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "flow.md")
     parser.add_argument("--seed", type=int, default=37)
     args = parser.parse_args()
     rows: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(prefix="bench-flow-") as folder:
-        proc, base = up(args, "--flow-config", str(flow_file(Path(folder), args.slots)))
+        path = flow_file(Path(folder), args.slots, args.share_window_s)
+        proc, base = up(args, "--flow-config", str(path))
         try:
             r = asyncio.run(capacity(base, args.slots, args.seconds / 2, args.max_tokens))
             print(json.dumps({"capacity_req_s": round(r, 2)}), flush=True)
             plan = phases(r, args.objective_ms)
+            if args.phases:
+                wanted = args.phases.split(",")
+                plan = [(n, loads) for n, loads in plan if any(w in n for w in wanted)]
             for k in range(args.repeats):
                 for row in run_phases(base, plan, args, args.seed + 10 * k):
                     rows.append({"repeat": k + 1, **row})
@@ -408,16 +419,20 @@ def main() -> int:
                     rows.append({"repeat": k + 1, **row})
         finally:
             stop(proc)
-    per_repeat = [
-        verdicts([x for x in rows if x["repeat"] == k + 1], r) for k in range(args.repeats)
+    per_repeat = [  # the targets need every phase
+        verdicts([x for x in rows if x["repeat"] == k + 1], r)
+        for k in range(args.repeats)
+        if not args.phases
     ]
     summary = {
-        key: round(statistics.median(v[key] for v in per_repeat), 3) for key in per_repeat[0]
+        key: round(statistics.median(v[key] for v in per_repeat), 3)
+        for key in (per_repeat[0] if per_repeat else ())
     }
     header = (
         f"Flow control against `switchyard up` (2 mock engines: TTFT {args.ttft_ms:g} ms, "
         f"{args.itl_ms:g} ms/token, {args.max_tokens}-token streams), flow config max_running "
-        f"{args.slots}, burst {args.slots // 2}, max_queued {4 * args.slots}, equal weights. "
+        f"{args.slots}, burst {args.slots // 2}, max_queued {4 * args.slots}, share_window_s "
+        f"{args.share_window_s:g}, equal weights. "
         f"Capacity measured first: {r:.2f} completed requests/s with {args.slots} closed-loop "
         f"clients; each phase offers Poisson arrivals for {args.seconds:g} s (objective "
         f"{args.objective_ms:g} ms). `fifo`: the same load on a stack without flow control "
