@@ -142,7 +142,7 @@ async def one(target: tuple[str, int], n: int, load: Load, max_tokens: int, stat
         async for line in reply.lines():
             if not line.startswith("data: {"):
                 continue
-            if '"error"' in line:
+            if line.startswith('data: {"error"'):  # a token may be the word "error"
                 stats.failed += 1
                 stats.first_failure = stats.first_failure or line[:200]
                 return
