@@ -9,7 +9,11 @@ Within a flow, requests go by deadline (their TTFT objective), then in arrival o
 
 Each flow also keeps a decayed sum of the tokens admitted for it (`recent`, time constant
 `share_window_s`), which says whether it is under its share of the band: its part of the
-band's recent tokens at most its weight's part of the active flows' weights.
+band's recent tokens at most its weight's part of the active flows' weights. Shares are
+measured among the flows that contend: when a flow becomes active beside others, every
+flow's sum restarts from the tokens it runs now (as deficit round robin resets a flow's
+deficit when it becomes backlogged), so what a flow took while it ran alone is not held
+against it, while what each holds at that moment still counts.
 
 Pure data and arithmetic; removals from the heaps are lazy (a ticket that left is marked
 GONE and skipped when it reaches the top).
@@ -91,6 +95,7 @@ class FlowState:
         "queued_units",
         "running",
         "running_units",
+        "running_cost",
         "start",
         "finish",
         "in_heap",
@@ -108,6 +113,7 @@ class FlowState:
         self.queued_units = 0
         self.running = 0
         self.running_units = 0
+        self.running_cost = 0  # tokens of its running requests
         self.start = 0.0  # its head's start tag, while backlogged
         self.finish = 0.0  # the finish tag of its last request served
         self.in_heap = False
@@ -200,6 +206,21 @@ class Band:
             and f.running_units
             and f.decayed(now, window) * weights > f.weight * band
         )
+
+    def joined(self, flow: FlowState, now: float) -> None:
+        """`flow` (nothing running or queued) has a request: if other flows are active, the
+        shares restart among them from the tokens each runs now. Without this, a flow that
+        ran alone before another arrived would count as over its share for a window and
+        queue behind the newcomer's backlog instead of displacing it."""
+        if not any(f.active for f in self.flows.values() if f is not flow):
+            return
+        total = 0.0
+        for f in self.flows.values():
+            f.recent = float(f.running_cost)
+            f.recent_at = now
+            total += f.recent
+        self.recent = total
+        self.recent_at = now
 
     def charge(self, flow: FlowState, cost: int, start: float, now: float, window: float) -> None:
         """A request of `flow` starts running: its finish tag, the virtual time, the shares."""

@@ -14,7 +14,8 @@ Admission, in order:
    not admitted again until the deployment is back under max_running). It outranks a
    running request of a less urgent band; and, when its own flow took at most its share of
    its band's recent tokens and has nothing queued, one of a flow that took more than its
-   share. It runs only if the units it outranks cover the excess over max_running.
+   share (shares count from when the band's active flows last grew: bands.py). It runs
+   only if the units it outranks cover the excess over max_running.
 3. Otherwise it queues (`max_queued` at most; a full queue makes room by refusing the last
    request of the largest flow of the least urgent band, when that ranks below the
    newcomer) and runs when units free up: the most urgent band first; within a band, flows
@@ -136,6 +137,8 @@ class FlowGate:
         flow = band.flows.get(ticket.flow)
         if flow is None:
             flow = band.flows[ticket.flow] = FlowState(ticket.flow, spec.weight)
+        if not flow.active:
+            band.joined(flow, now)
         flow.last_active = now
         at_once = self._at_once(ticket, band, flow, now)
         wait = 0.0 if at_once else self._predicted_wait(ticket, band, flow)
@@ -285,6 +288,8 @@ class FlowGate:
             self.tickets[ticket.id] = ticket
             self._by_flow[ticket.flow] += 1
             self._by_peer.setdefault(peer, set()).add(ticket.id)
+            if not flow.active:
+                band.joined(flow, now)
             self._mark_running(ticket, band, flow, now)
         return self._fill(now)
 
@@ -393,6 +398,7 @@ class FlowGate:
         ticket.admitted_at = now
         flow.running += 1
         flow.running_units += ticket.units
+        flow.running_cost += ticket.cost
         flow.last_active = now
         band.running_units += ticket.units
         self.running += 1
@@ -403,6 +409,7 @@ class FlowGate:
         flow = band.flows[ticket.flow]
         flow.running -= 1
         flow.running_units -= ticket.units
+        flow.running_cost -= ticket.cost
         band.running_units -= ticket.units
         self.running -= 1
         self.running_units -= ticket.units

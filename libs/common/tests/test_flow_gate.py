@@ -139,6 +139,19 @@ class TestOutranking:
         assert admitted(offer(g, "steady1", "steady", 0.1)) == ["steady1"]
         assert g.running_units == 5
 
+    def test_a_flow_that_ran_alone_is_not_over_its_share_when_a_flood_arrives(self):
+        """Regression: the share had memory of when a flow ran alone, so a steady flow that
+        had the band to itself queued behind a flood that arrived after it (issue 37)."""
+        g = gate(max_running=4, burst=2)
+        for i in range(40):  # alone: one request at a time for 40 s
+            offer(g, f"s{i}", "steady", float(i))
+            g.release(f"s{i}", i + 0.5)
+        offer(g, "s40", "steady", 40.0)
+        for i in range(10):
+            offer(g, f"flood{i}", "flood", 40.1)  # 3 run, 7 queue
+        assert g.running_units == 4 and g.queued == 7
+        assert admitted(offer(g, "s41", "steady", 40.2)) == ["s41"]  # displaces the flood
+
     def test_no_displacing_within_the_same_share(self):
         """Two flows that each took half the recent tokens: neither outranks the other."""
         g = gate(max_running=2, burst=2)
@@ -314,6 +327,19 @@ class TestSimulation:
         assert at_once > 0.99, sorted(steady["waits"])[-10:]
         # The flood gets the rest of the capacity.
         assert len(flood["waits"]) / 60 == pytest.approx(0.7 * self.capacity, rel=0.1)
+
+    def test_a_steady_flow_that_ran_alone_starts_at_once_when_a_flood_arrives(self):
+        """Regression: usage from a flow's time alone counted against its share, so for the
+        flood's first seconds the steady flow queued with it (issue 37)."""
+        rng = random.Random(11)
+        load = poisson(rng, 0.3 * self.capacity, 60, flow="steady", cost=100)
+        flood = poisson(rng, 5 * self.capacity, 40, flow="flood", cost=100)
+        load += [(at + 20.0, kw) for at, kw in flood]  # the steady flow alone for 20 s
+        out = simulate(self.gate(), load, self.run_s)
+        steady = out["steady"]
+        assert steady["refused"] == []
+        at_once = sum(1 for w in steady["waits"] if w == 0.0) / len(steady["waits"])
+        assert at_once > 0.99, sorted(steady["waits"])[-10:]
 
     def test_interactive_beside_a_saturating_batch_flow_starts_at_once(self):
         rng = random.Random(8)
