@@ -198,7 +198,7 @@ async def one(target: tuple[str, int], n: int, max_tokens: int, level: Level) ->
         async for line in reply.lines():
             if not line.startswith("data: {"):
                 continue
-            if '"error"' in line:
+            if line.startswith('data: {"error"'):  # a token may be the word "error"
                 level.failed += 1
                 level.first_failure = level.first_failure or line[:200]
                 return
