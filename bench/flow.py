@@ -52,7 +52,7 @@ from pathlib import Path
 import httpx
 import orjson
 from harness import pct, started, stop, wait_ready
-from overload import Reply, target_of
+from overload import Reply, read_stream, target_of
 
 HERE = Path(__file__).resolve().parent
 MODEL = "deepseek-mock"
@@ -121,8 +121,6 @@ async def one(target: tuple[str, int], n: int, load: Load, max_tokens: int, stat
     )
     extra = "".join(f"{k}: {v}\r\n" for k, v in load.headers.items())
     t0 = time.perf_counter()
-    first = None
-    tokens = 0
     reply = None
     try:
         reply = await Reply.post(*target, "/v1/chat/completions", body, extra)
@@ -139,17 +137,11 @@ async def one(target: tuple[str, int], n: int, load: Load, max_tokens: int, stat
             stats.failed += 1
             stats.first_failure = stats.first_failure or str(reply.status)
             return
-        async for line in reply.lines():
-            if not line.startswith("data: {"):
-                continue
-            if line.startswith('data: {"error"'):  # a token may be the word "error"
-                stats.failed += 1
-                stats.first_failure = stats.first_failure or line[:200]
-                return
-            if first is None and '"content":"' in line and '"content":""' not in line:
-                first = time.perf_counter() - t0
-            if '"usage":{' in line:
-                tokens = orjson.loads(line[6:])["usage"]["completion_tokens"]
+        first, tokens, error = await read_stream(reply, t0)
+        if error is not None:
+            stats.failed += 1
+            stats.first_failure = stats.first_failure or error
+            return
     except (OSError, ValueError, asyncio.IncompleteReadError) as exc:
         stats.failed += 1
         stats.first_failure = stats.first_failure or repr(exc)

@@ -169,6 +169,23 @@ class Reply:
         self.writer.close()
 
 
+async def read_stream(reply: Reply, t0: float) -> tuple[float | None, int, str | None]:
+    """A streamed chat's time to its first content (None: none came), its completion tokens
+    (from the usage chunk) and the error event's line (None: none)."""
+    first = None
+    tokens = 0
+    async for line in reply.lines():
+        if not line.startswith("data: {"):
+            continue
+        if line.startswith('data: {"error"'):  # a token may be the word "error"
+            return first, tokens, line[:200]
+        if first is None and '"content":"' in line and '"content":""' not in line:
+            first = time.perf_counter() - t0
+        if '"usage":{' in line:
+            tokens = orjson.loads(line[6:])["usage"]["completion_tokens"]
+    return first, tokens, None
+
+
 async def one(target: tuple[str, int], n: int, max_tokens: int, level: Level) -> None:
     body = orjson.dumps(
         {
@@ -181,8 +198,6 @@ async def one(target: tuple[str, int], n: int, max_tokens: int, level: Level) ->
         }
     )
     t0 = time.perf_counter()
-    first = None
-    tokens = 0
     reply = None
     try:
         reply = await Reply.post(*target, "/v1/chat/completions", body)
@@ -195,17 +210,11 @@ async def one(target: tuple[str, int], n: int, max_tokens: int, level: Level) ->
             level.failed += 1
             level.first_failure = level.first_failure or f"{reply.status}"
             return
-        async for line in reply.lines():
-            if not line.startswith("data: {"):
-                continue
-            if line.startswith('data: {"error"'):  # a token may be the word "error"
-                level.failed += 1
-                level.first_failure = level.first_failure or line[:200]
-                return
-            if first is None and '"content":"' in line and '"content":""' not in line:
-                first = time.perf_counter() - t0
-            if '"usage":{' in line:
-                tokens = orjson.loads(line[6:])["usage"]["completion_tokens"]
+        first, tokens, error = await read_stream(reply, t0)
+        if error is not None:
+            level.failed += 1
+            level.first_failure = level.first_failure or error
+            return
     except (OSError, ValueError, asyncio.IncompleteReadError) as exc:
         level.failed += 1
         level.first_failure = level.first_failure or repr(exc)
