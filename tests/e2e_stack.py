@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from switchyard.common.ports import read_ready_file
 
 LOCAL = "tcp://127.0.0.1:0"  # a free loopback port, searched by the process that binds it
@@ -260,12 +262,19 @@ class Processes:
 
 
 def wait_until(predicate, timeout: float = 30.0, interval: float = 0.1, what: str = "condition"):
-    """Poll `predicate` until it returns a truthy value; fail after `timeout` seconds."""
+    """Poll `predicate` until it returns a truthy value; fail after `timeout` seconds.
+
+    A connection refused or reset counts as "not yet": a service's ready file reports its
+    bound ports, and its listener accepts only once its start-up is over."""
     deadline = time.monotonic() + timeout
     while True:
-        value = predicate()
+        try:
+            value, error = predicate(), None
+        except (httpx.TransportError, ConnectionError) as exc:
+            value, error = None, exc
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            detail = f" (last: {error!r})" if error is not None else ""
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}{detail}")
         time.sleep(interval)
