@@ -14,7 +14,7 @@ import json
 import re
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 import openai
@@ -34,6 +34,7 @@ class Stack:
     procs: Processes
     base: str
     engines: dict[str, list[str]]  # name -> its command line, on the ports it bound
+    dispatcher_metrics: list[int] = field(default_factory=list)  # their /metrics ports
 
     def restart(self, name: str) -> None:
         self.procs.serve(name, *self.engines[name])
@@ -123,12 +124,13 @@ def chaos_stack(
             procs.serve(f"router-{n}", "router", "--bind", LOCAL, *fleet_flags)["bind"]
             for n in range(routers)
         ]
-        dispatcher_eps = [
+        dispatcher_reports = [
             procs.serve(
                 f"dispatcher-{n}", "dispatcher", "--bind", LOCAL, *fleet_flags, *dispatcher_args
-            )["bind"]
+            )
             for n in range(dispatchers)
         ]
+        dispatcher_eps = [report["bind"] for report in dispatcher_reports]
         pre = [
             "preprocessor",
             "--port",
@@ -146,7 +148,8 @@ def chaos_stack(
             pre += ["--dispatcher", endpoint]
         http = procs.serve("preprocessor", *pre)["port"]
         base = f"http://127.0.0.1:{http}"
-        stack = Stack(procs, base, engines)
+        metrics = [r["metrics_port"] for r in dispatcher_reports if r.get("metrics_port")]
+        stack = Stack(procs, base, engines, metrics)
         try:
             wait_until(
                 lambda: len(models_instances(base)) == len(protocols),
@@ -166,6 +169,17 @@ def models_instances(base: str) -> list[dict]:
     except httpx.HTTPError:
         return []
     return reply.json()["workers"] if reply.status_code == 200 else []
+
+
+def first_tokens(stack: Stack) -> int:
+    """Generations that have had their first token from an engine (the dispatchers' count)."""
+    name = "switchyard_dispatcher_engine_time_to_first_token_seconds_count"
+    total = 0
+    for port in stack.dispatcher_metrics:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        total += sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
+                     if line.startswith(name + "{"))  # fmt: skip
+    return total
 
 
 def prompt(n: int) -> list[dict]:
@@ -326,7 +340,10 @@ def test_sampled_structured_output_starts_over_while_nothing_was_sent():
                     return sum(w["in_flight"] for w in models_instances(base)) == STREAMS
 
                 await asyncio.to_thread(wait_until, in_flight, 30, 0.02, "all in flight")
-                await asyncio.sleep(0.4)  # a dozen tokens in (25 ms apart)
+                # Every output some tokens in (none sent: not streamed), on any machine.
+                await asyncio.to_thread(
+                    wait_until, lambda: first_tokens(stack) == STREAMS, 30, 0.02, "output begun"
+                )
                 stack.procs.kill(stack.busiest_engine())
                 return await asyncio.gather(*tasks)
 
@@ -594,8 +611,15 @@ def test_a_restarted_engine_gets_its_share_of_sticky_sessions():
             stack.restart("engine-0")
             wait_until(lambda: len(models_instances(stack.base)) == 2, what="engine-0 back")
             start = len(stack.procs.log("preprocessor"))
-            time.sleep(3)
-            return stack.procs.log("preprocessor")[start:].count(f"worker=grpc://127.0.0.1:{port} ")
+
+            def served() -> int:
+                log = stack.procs.log("preprocessor")[start:]
+                return log.count(f"worker=grpc://127.0.0.1:{port} ")
+
+            # Sessions move back within seconds (a count, not a time window: machine speed
+            # sets how many requests fit in one).
+            return int(wait_until(lambda: served() >= 10 and served(), timeout=60,
+                                  what="sessions back on engine-0"))  # fmt: skip
 
         async def run() -> int:
             async with openai.AsyncOpenAI(

@@ -144,26 +144,41 @@ async def _abort_mid_stream(stub: Any) -> dict[str, Any]:
     }
 
 
-async def _kv_events(stub: Any, endpoint: str, prompt: list[int], wait_s: float) -> list[list[Any]]:
-    """The frames the engine publishes while serving one request: [topic, seq, payload]."""
+async def _kv_events(stub: Any, endpoint: str, block: int, wait_s: float) -> list[list[Any]]:
+    """The frames the engine publishes while serving a request: [topic, seq, payload].
+
+    A SUB socket's subscription reaches the publisher some time after it connects (ZMQ's
+    slow joiner) and nothing says when, so requests with prompts new to the engine's cache
+    are sent, each followed by `wait_s` of listening, until a BlockStored has come."""
     ctx = zmq.asyncio.Context.instance()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.connect(endpoint)
+    frames: list[list[Any]] = []
     try:
-        await asyncio.sleep(0.5)  # the subscription reaches the publisher
-        async for _ in stub.Generate(_request("kv-1", prompt, max_tokens=2)):
-            pass  # to its end: the engine stores the prompt's blocks
-        frames = []
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s
-        while (left := deadline - loop.time()) > 0:
-            if not await sub.poll(left * 1000):
+        for attempt in range(20):
+            prompt = [random.randrange(2000, 100_000) for _ in range(2 * block + 5)]
+            async for _ in stub.Generate(_request(f"kv-{attempt}", prompt, max_tokens=2)):
+                pass  # to its end: the engine stores the prompt's blocks
+            deadline = loop.time() + wait_s
+            while (left := deadline - loop.time()) > 0:
+                if not await sub.poll(left * 1000):
+                    break
+                frames.append(await sub.recv_multipart())
+            if "BlockStored" in _event_types(frames):
                 break
-            frames.append(await sub.recv_multipart())
         return frames
     finally:
         sub.close(linger=0)
+
+
+def _event_types(frames: list[list[bytes]]) -> set[str]:
+    return {
+        str(event["type"] if isinstance(event, dict) else event[0])
+        for frame in frames
+        for event in msgspec.msgpack.decode(frame[-1])[1]
+    }
 
 
 def event_shapes(frames: list[list[bytes]]) -> dict[str, Any]:
@@ -208,10 +223,8 @@ async def observe(target: str, kv_events: str | None, kv_wait_s: float = 3.0) ->
         kv: dict[str, Any] = {}
         if kv_events is not None:
             block = int(server.block_size) or 16
-            # new to the engine's cache whatever it served before: it stores its blocks
-            prompt = [random.randrange(2000, 100_000) for _ in range(2 * block + 5)]
             with contextlib.suppress(asyncio.TimeoutError):
-                kv = event_shapes(await _kv_events(stub, kv_events, prompt, kv_wait_s))
+                kv = event_shapes(await _kv_events(stub, kv_events, block, kv_wait_s))
     return {
         "GetModelInfo": {"shape": message_shape(model), "value": scrub(model)},
         "GetServerInfo": {"shape": message_shape(server), "value": scrub(server)},
