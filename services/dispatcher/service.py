@@ -51,7 +51,7 @@ DEFAULT_SHUTDOWN_GRACE = 30.0
 ENGINE_STREAMS_HTTP2 = "http2"
 ENGINE_STREAMS = (ENGINE_STREAMS_HTTP2, "grpc")
 # Under load, replies to a preprocessor go at most once per this many seconds (see Outbox).
-DEFAULT_REPLY_WINDOW = 0.0005
+DEFAULT_REPLY_WINDOW = 0.002
 
 
 class DispatcherService:
