@@ -37,24 +37,24 @@ def request_fields(
     ctx: RequestContext, status: int, instances: Mapping[int, Instance], now: float
 ) -> dict[str, Any]:
     """What the access line (and the request's trace) says about one request."""
-    inp, state = ctx.inp, ctx.state
-    request = state.request
+    inp = ctx.inp
+    request = ctx.body
     fields: dict[str, Any] = {"request_id": inp.request_id}
     if request is None:  # the body never parsed
-        fields.update(model=None, route=inp.path, status=status, error=state.error or None)
+        fields.update(model=None, route=inp.path, status=status, error=ctx.error or None)
         return fields
     workers: list[str] = []
     prefill: list[str] = []
-    for gen in state.generations:
+    for gen in ctx.generations:
         _add(workers, instances, gen.instance_id)
         if gen.prefill_instance_id is not None:
             _add(prefill, instances, gen.prefill_instance_id)
     if inp.endpoint == "embeddings":
-        _add(workers, instances, state.extra.get("instance_id"))
-    usage = state.usage
-    prompt = usage.prompt_tokens if usage else sum(len(ids) for ids in state.prompt_ids)
-    completion = usage.completion_tokens if usage else sum(len(c.generated) for c in state.choices)
-    first = state.first_token_at
+        _add(workers, instances, ctx.extra.get("instance_id"))
+    usage = ctx.usage
+    prompt = usage.prompt_tokens if usage else sum(len(ids) for ids in ctx.prompt_ids)
+    completion = usage.completion_tokens if usage else sum(len(c.generated) for c in ctx.choices)
+    first = ctx.first_token_at
     fields.update(
         model=request.model,
         route=inp.path,
@@ -67,9 +67,9 @@ def request_fields(
         completion_tokens=completion,
         ttft_ms=_ms(first - inp.received if first is not None else None),
         total_ms=_ms(now - inp.received),
-        migrations=state.migrations,
+        migrations=ctx.migrations,
         client_disconnect=status == CLIENT_GONE,
-        error=state.error or None,
+        error=ctx.error or None,
     )
     return fields
 

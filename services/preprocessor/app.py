@@ -205,19 +205,19 @@ async def _debug_route(
     """Where would this request go, and why? Decided by the router, sent to no engine."""
     endpoint = CHAT if b'"messages"' in body else COMPLETIONS
     ctx = new_request(state.deps, endpoint, _NoAnswer(), session_id=session_id)
-    ctx.state.raw = body
+    ctx.raw = body
     try:
         await run_stages(ctx, prompt_stages(endpoint))
         model = ctx.request.model
-        prompt_ids = ctx.state.prompt_ids[0]
+        prompt_ids = ctx.prompt_ids[0]
         reply = await state.router.route(
             RouteRequest(
                 request_id=f"route-{ctx.inp.request_id}",
                 model=model,
                 token_ids=prompt_ids,
                 dry_run=True,
-                session_id=ctx.state.session_id,
-                requires=list(ctx.state.requires),
+                session_id=ctx.session_id,
+                requires=list(ctx.requires),
             ),
             state.config.route_timeout,
         )
@@ -231,7 +231,7 @@ async def _debug_route(
         orjson.dumps(
             {
                 "policy": reply.policy,
-                "requires": list(ctx.state.requires),
+                "requires": list(ctx.requires),
                 "prompt_tokens": len(prompt_ids),
                 "prompt_blocks": reply.prompt_blocks,
                 "chosen": {

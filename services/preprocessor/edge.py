@@ -118,7 +118,7 @@ class AsgiOut:
         self._anthropic = anthropic  # also the `request-id` header the Anthropic SDK reads
         self.set_request_id(request_id)
         self.done = False  # the last message went out: a disconnect now is the normal end
-        # Headers the request's stages add (RequestState.headers: a store warning).
+        # Headers the request's stages add (RequestContext.headers: a store warning).
         self.added: list[tuple[bytes, bytes]] = []
 
     def set_request_id(self, request_id: str) -> None:
@@ -298,8 +298,7 @@ class Edge:
         ctx, refused = _request(
             endpoint, scope, deps, http, received, timeout, tenant=tenant_of(key)
         )
-        state = ctx.state
-        http.added = state.headers
+        http.added = ctx.headers
         status = CLIENT_GONE
         ticket = None
         try:
@@ -313,7 +312,7 @@ class Edge:
                 try:
                     await ticket.wait()
                 except RequestError as exc:  # the queue timed out, or shutting down
-                    state.error = exc.code
+                    ctx.error = exc.code
                     return await respond_error(http, exc, path)
                 return await serve(ctx, body)
 
@@ -321,7 +320,7 @@ class Edge:
         except ClientGone:
             pass
         except RequestError as exc:
-            state.error = exc.code
+            ctx.error = exc.code
             status = await respond_error(http, exc, path)
         finally:
             if ticket is not None:
@@ -341,7 +340,6 @@ class Edge:
         ctx, refused = _request(
             endpoint, scope, deps, http, received, id_prefix=LOCAL_ID_PREFIX[endpoint]
         )
-        state = ctx.state
         status = CLIENT_GONE
         try:
             if refused is not None:
@@ -354,7 +352,7 @@ class Edge:
             pass
         except Exception as exc:
             err = as_request_error(exc)
-            state.error = err.code
+            ctx.error = err.code
             status = await respond_error(http, err, path)
         finally:
             _account(deps, ctx, status)
@@ -430,7 +428,7 @@ def _request(
     )
     if deps.tracing is not None:
         carrier = {"traceparent": traceparent.decode("latin-1")} if traceparent else {}
-        ctx.state.trace = deps.tracing.start(
+        ctx.trace = deps.tracing.start(
             f"POST {scope['path']}", carrier, {"switchyard.request_id": request_id}
         )
     return ctx, refused
@@ -438,16 +436,15 @@ def _request(
 
 def _account(deps: Deps, ctx: RequestContext, status: int) -> None:
     """Count the request (by model) and end its trace."""
-    state = ctx.state
-    model = state.entry.name if state.entry is not None else ""
+    model = ctx.entry.name if ctx.entry is not None else ""
     metrics = deps.metrics
     metrics.requests.labels(ctx.inp.endpoint, model, str(status)).inc()
-    if state.error:
-        metrics.errors.labels(model, state.error).inc()
-    if state.trace is not None:
+    if ctx.error:
+        metrics.errors.labels(model, ctx.error).inc()
+    if ctx.trace is not None:
         fields = request_fields(ctx, status, deps.instances(), time.perf_counter())
         attributes = {f"switchyard.{k}": v for k, v in fields.items() if v is not None}
-        state.trace.end(status, state.error, attributes)
+        ctx.trace.end(status, ctx.error, attributes)
 
 
 async def _until_client_leaves(answer: Any, receive: Receive, http: AsgiOut) -> int:

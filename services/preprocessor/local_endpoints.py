@@ -68,16 +68,15 @@ async def chat_prompt_ids(ctx: RequestContext, add_special_tokens: bool = False)
     """The chat request's prompt ids: rendered by the chat stage, encoded as the tokenize
     stage encodes (add_special_tokens: the tokenizer's own on top, as vLLM's option)."""
     render_template(ctx)
-    state = ctx.state
-    tokenizer = state.tokenizer
+    tokenizer = ctx.tokenizer
     assert tokenizer is not None
-    text = state.prompt_texts[0] or ""
+    text = ctx.prompt_texts[0] or ""
     offload = ctx.deps.limits.offload_chars
     if add_special_tokens:
         ids = await tokenizer.encode_async(text, True, offload)
     else:
         ids = await tokenizer.prompts.encode(text, UNBOUNDED, offload)
-    state.prompt_ids = [ids]
+    ctx.prompt_ids = [ids]
     return ids
 
 
@@ -96,8 +95,8 @@ async def tokenize(ctx: RequestContext, body: bytes) -> bytes:
         add_generation_prompt=chat.add_generation_prompt if chat is not None else True,
         continue_final_message=chat.continue_final_message if chat is not None else False,
     )
-    ctx.state.request = request
-    ctx.state.entry, ctx.state.tokenizer = entry, tokenizer
+    ctx.body = request
+    ctx.entry, ctx.tokenizer = entry, tokenizer
     if chat is not None:
         ids = await chat_prompt_ids(ctx, req.add_special_tokens)
     else:
@@ -106,7 +105,7 @@ async def tokenize(ctx: RequestContext, body: bytes) -> bytes:
         ids = await tokenizer.prompts.encode(req.prompt, UNBOUNDED, offload)
         if req.add_special_tokens:  # what /v1/completions sends (vLLM's default)
             ids = tokenizer.with_special_tokens(ids)
-        ctx.state.prompt_ids = [ids]
+        ctx.prompt_ids = [ids]
     strs = [tokenizer.tokenizer.id_to_token(i) for i in ids] if req.return_token_strs else None
     return orjson.dumps(
         {
@@ -121,8 +120,8 @@ async def tokenize(ctx: RequestContext, body: bytes) -> bytes:
 async def detokenize(ctx: RequestContext, body: bytes) -> bytes:
     req = parse_detokenize(body)
     entry, tokenizer = resolve(ctx.deps, req.model)
-    ctx.state.request = ChatCompletionRequest(entry.name, (), SamplingOptions())
-    ctx.state.entry = entry
+    ctx.body = ChatCompletionRequest(entry.name, (), SamplingOptions())
+    ctx.entry = entry
     ids = list(req.tokens)
     for i, token in enumerate(ids):
         if token >= tokenizer.vocab_size:
@@ -138,7 +137,7 @@ async def detokenize(ctx: RequestContext, body: bytes) -> bytes:
 async def count_tokens(ctx: RequestContext, body: bytes) -> bytes:
     """What /v1/messages would bill as input (its usage's input_tokens plus
     cache_read_input_tokens): the same stages render the same prompt."""
-    ctx.state.request = parse_count_tokens(body)
+    ctx.body = parse_count_tokens(body)
     resolve_model(ctx)
     messages.thinking(ctx)
     return orjson.dumps({"input_tokens": len(await chat_prompt_ids(ctx))})

@@ -34,17 +34,16 @@ TICKET_SUFFIX = "#flow"
 
 def _cost(ctx: RequestContext) -> tuple[int, int]:
     """(units, tokens) of the request."""
-    state = ctx.state
-    prompts = state.prompt_ids
+    prompts = ctx.prompt_ids
     tokens = sum(len(p) for p in prompts)
-    if ctx.inp.endpoint == EMBEDDINGS or state.sampling is None:
+    if ctx.inp.endpoint == EMBEDDINGS or ctx.sampling is None:
         return 1, max(1, tokens)
-    units = max(1, len(prompts)) * max(1, state.sampling.n)
-    return units, tokens + units * state.sampling.max_tokens
+    units = max(1, len(prompts)) * max(1, ctx.sampling.n)
+    return units, tokens + units * ctx.sampling.max_tokens
 
 
 async def admit(ctx: RequestContext) -> None:
-    deps, inp, state = ctx.deps, ctx.inp, ctx.state
+    deps, inp = ctx.deps, ctx.inp
     flow = deps.flow
     request = ctx.request
     asked = flow_policy.resolve(
@@ -78,11 +77,11 @@ async def admit(ctx: RequestContext) -> None:
         units=units,
         cost=cost,
         objective_ms=objective_ms,
-        token_ids=state.prompt_ids[0] if objective_ms and state.prompt_ids else [],
+        token_ids=ctx.prompt_ids[0] if objective_ms and ctx.prompt_ids else [],
         max_wait_s=max_wait,
         config=flow.config.digest,
     )
-    state.flow_ticket = message.ticket  # released by serve, admitted or not
+    ctx.flow_ticket = message.ticket  # released by serve, admitted or not
     started = time.perf_counter()
     decision = await flow.admit(message)
     labels = (flow.config.priority_label(asked.priority), flow.config.flow_label(asked.flow))
@@ -90,7 +89,7 @@ async def admit(ctx: RequestContext) -> None:
     if decision.admitted:
         metrics.flow_wait.labels(*labels).observe(time.perf_counter() - started)
         return
-    state.flow_ticket = None
+    ctx.flow_ticket = None
     metrics.flow_refused.labels(*labels, decision.reason or "refused").inc()
     if inp.timeout and time.perf_counter() - received >= inp.timeout:
         raise DeadlineExceededError(inp.timeout)
@@ -103,12 +102,12 @@ async def admit(ctx: RequestContext) -> None:
 
 def release(ctx: RequestContext) -> None:
     """The request is over: its gate frees its units (refunding what it did not use)."""
-    ticket = ctx.state.flow_ticket
+    ticket = ctx.flow_ticket
     flow = ctx.deps.flow
     if ticket is None or flow is None:
         return
-    ctx.state.flow_ticket = None
-    usage = ctx.state.usage
+    ctx.flow_ticket = None
+    usage = ctx.usage
     used = usage.prompt_tokens + usage.completion_tokens if usage is not None else -1
     flow.release(ticket, used)
 

@@ -61,28 +61,25 @@ def sink_for(ctx: RequestContext) -> Sink:
 
 def usage_of(ctx: RequestContext) -> Usage:
     """The request's usage so far (the n choices of a prompt share its cached prefix)."""
-    state = ctx.state
     cached: dict[int, int] = {}
-    for choice in state.choices:
+    for choice in ctx.choices:
         cached[choice.group] = max(cached.get(choice.group, 0), choice.cached_tokens)
     return Usage(
-        sum(len(ids) for ids in state.prompt_ids),
-        sum(len(c.generated) for c in state.choices),
+        sum(len(ids) for ids in ctx.prompt_ids),
+        sum(len(c.generated) for c in ctx.choices),
         sum(cached.values()),
-        sum(c.reasoning_tokens for c in state.choices),
+        sum(c.reasoning_tokens for c in ctx.choices),
     )
 
 
 def progress(ctx: RequestContext) -> Progress:
     """What a response that fails has so far: its choices, usage, and whether an engine
     took it (a generation was routed to one)."""
-    state = ctx.state
-    return state.choices, usage_of(ctx), any(g.instance_id for g in state.generations)
+    return ctx.choices, usage_of(ctx), any(g.instance_id for g in ctx.generations)
 
 
 async def finish(ctx: RequestContext) -> None:
-    state = ctx.state
-    sink = state.sink
+    sink = ctx.sink
     assert sink is not None
     req = ctx.request
     usage = usage_of(ctx)
@@ -94,11 +91,11 @@ async def finish(ctx: RequestContext) -> None:
             shown = req.logprobs
         else:
             shown = isinstance(req, CompletionRequest) and req.logprobs is not None
-        await sink.end(state.choices, usage, shown)
+        await sink.end(ctx.choices, usage, shown)
     else:
-        await sink.end(state.choices, usage)
-    state.usage = usage
-    model = state.entry.name if state.entry is not None else ""
+        await sink.end(ctx.choices, usage)
+    ctx.usage = usage
+    model = ctx.entry.name if ctx.entry is not None else ""
     ctx.deps.metrics.finished(
         model, time.perf_counter() - ctx.inp.received, usage, _predictions(ctx)
     )
@@ -108,7 +105,7 @@ def _predictions(ctx: RequestContext) -> list[tuple[int, int, int, int]]:
     """(predicted, engine-reported cached tokens, block size, prompt tokens) per generation
     that the KV router placed (other policies predict nothing)."""
     out = []
-    for gen in ctx.state.generations:
+    for gen in ctx.generations:
         if gen.predicted is None:
             continue
         predicted, block_size = gen.predicted

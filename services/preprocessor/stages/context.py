@@ -1,17 +1,17 @@
 """The contracts of the request path: what a request is, what every request shares, and what
 the stages write to and read from.
 
-A request is one `RequestContext`: `inp` (RequestInput, frozen: what arrived before its body
-was read: endpoint, ids, clock, deadline, where the answer goes), `deps` (Deps: the process's
-clients and lookups, shared) and `state` (RequestState: what the stages learn and decide,
-the parsed body first). The edge builds it, `endpoints.serve` runs the endpoint's stages on
-it, the access log reads it afterwards. `HttpOut` is the answer's channel, `Sink` what the
-token loop writes a request's output to. Nothing here does I/O.
+A request is one `RequestContext`: what the stages derive and decide, the parsed body first
+(the prompt, sampling, choices, generations, the answer's sink), beside `inp` (RequestInput,
+frozen: what arrived before its body was read: endpoint, ids, clock, deadline, where the answer
+goes) and `deps` (Deps: the process's clients and lookups, shared). Its engine requests are
+`Generation`s (generation.py), each over its attempts. The edge builds it, `endpoints.serve`
+runs the endpoint's stages on it, the access log reads it afterwards. `HttpOut` is the
+answer's channel, `Sink` what the token loop writes a request's output to. Nothing here does I/O.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -157,11 +157,14 @@ class RequestInput:
 
 
 @dataclass(slots=True)
-class RequestState:
-    """Filled in stage by stage."""
+class RequestContext:
+    """One request in flight: what the stages derive and decide, stage by stage (the parsed
+    body first), beside what arrived (`inp`) and what every request shares (`deps`)."""
 
+    inp: RequestInput
+    deps: Deps
     raw: bytes = b""  # the body as read (the `parse` stage consumes it)
-    request: Body | None = None  # the parsed body (the `parse` stage)
+    body: Body | None = None  # the parsed body (the `parse` stage; read it as `request`)
     session_id: str | None = None  # the router's session key: the header, else `user`
     entry: ModelEntry | None = None
     tokenizer: TokenizerBundle | None = None
@@ -194,28 +197,17 @@ class RequestState:
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)  # added to the answer's
     flow_ticket: str | None = None  # admitted by the flow gate: released when it ends
 
-
-@dataclass(slots=True)
-class RequestContext:
-    inp: RequestInput
-    deps: Deps
-    state: RequestState = field(default_factory=RequestState)
-
     @property
     def request(self) -> Body:
         """The parsed body (every stage after `parse` may read it)."""
-        request = self.state.request
+        request = self.body
         if request is None:
             raise RuntimeError("the request body is read by the parse stage, first")
         return request
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        return asyncio.get_running_loop()
 
     def release(self) -> None:
         """The exchange is over (answered, logged): its generations, which point back at
         it, are let go, so reference counting frees the request's objects at once (left in
         that cycle they would wait for a garbage collection, which walks them all)."""
-        self.state.generations = []
-        self.state.attempts = {}
+        self.generations = []
+        self.attempts = {}

@@ -37,15 +37,14 @@ from switchyard.protos.messages import Embeddings, EmbedRequest, GenerateFailed
 
 
 async def tokenize(ctx: RequestContext) -> None:
-    state = ctx.state
-    tokenizer = state.tokenizer
+    tokenizer = ctx.tokenizer
     req = ctx.request
-    assert tokenizer is not None and state.entry is not None
+    assert tokenizer is not None and ctx.entry is not None
     assert isinstance(req, EmbeddingRequest)
-    limit = state.entry.context_length
+    limit = ctx.entry.context_length
     batch = len(req.inputs) > 1
-    state.param = "input"
-    state.prompt_ids = []
+    ctx.param = "input"
+    ctx.prompt_ids = []
     for i, item in enumerate(req.inputs):
         param = f"input[{i}]" if batch else "input"
         if isinstance(item, str):
@@ -68,7 +67,7 @@ async def tokenize(ctx: RequestContext) -> None:
             raise InvalidRequestError("An input is empty.", INVALID_VALUE, param)
         if len(ids) > limit:
             raise _too_long(limit, len(ids), param)
-        state.prompt_ids.append(ids)
+        ctx.prompt_ids.append(ids)
 
 
 def _too_long(limit: int, tokens: int, param: str) -> InvalidRequestError:
@@ -83,17 +82,16 @@ def _too_long(limit: int, tokens: int, param: str) -> InvalidRequestError:
 async def embed(ctx: RequestContext) -> None:
     """The `embed` stage: one EmbedRequest for every input, on one embedding engine, within
     the request's deadline."""
-    state = ctx.state
-    state.active = True
+    ctx.active = True
     ctx.deps.metrics.active.inc()
     timeout = ctx.inp.timeout
     if not timeout:
-        state.extra["embeddings"] = await _attempts(ctx)
+        ctx.extra["embeddings"] = await _attempts(ctx)
         return
     left = timeout - (time.perf_counter() - ctx.inp.received)
     try:
         async with asyncio.timeout(max(0.0, left)):
-            state.extra["embeddings"] = await _attempts(ctx)
+            ctx.extra["embeddings"] = await _attempts(ctx)
     except TimeoutError:
         raise DeadlineExceededError(timeout) from None
 
@@ -101,27 +99,26 @@ async def embed(ctx: RequestContext) -> None:
 async def _attempts(ctx: RequestContext) -> Embeddings:
     """Route -> dispatch -> one reply, migrated on faults as the migration policy says."""
     deps = ctx.deps
-    state = ctx.state
     limits = deps.limits
     placement = Placement()
     while True:
         attempt = placement.attempt
         request_id = engine_request_id(ctx.inp.engine_id, 0, -1, 0, attempt)
         routed = await lifecycle.route(
-            ctx, request_id, state.prompt_ids[0], placement, attempt=attempt
+            ctx, request_id, ctx.prompt_ids[0], placement, attempt=attempt
         )
         assert routed.instance_id is not None
-        state.extra["instance_id"] = routed.instance_id  # for the access log
+        ctx.extra["instance_id"] = routed.instance_id  # for the access log
         request = EmbedRequest(
             request_id=request_id,
             instance_id=routed.instance_id,
-            inputs=state.prompt_ids,
+            inputs=ctx.prompt_ids,
             http_request_id=ctx.inp.request_id,
         )
-        stream = await lifecycle.open_stream(ctx, request, state.queue)
+        stream = await lifecycle.open_stream(ctx, request, ctx.queue)
         try:
             async with asyncio.timeout(limits.first_token_timeout):
-                reply = await state.queue.get()
+                reply = await ctx.queue.get()
         except TimeoutError:
             await stream.cancel()
             reply = GenerateFailed(
@@ -137,7 +134,7 @@ async def _attempts(ctx: RequestContext) -> Embeddings:
         if type(reply) is Embeddings:
             return reply
         assert type(reply) is GenerateFailed
-        await judge(deps, state, placement, reply)  # raises when the request fails
+        await judge(ctx, placement, reply)  # raises when the request fails
 
 
 def _floats(vector: bytes) -> list[float]:
@@ -150,7 +147,7 @@ def _floats(vector: bytes) -> list[float]:
 
 async def respond(ctx: RequestContext) -> None:
     """The embeddings' `finish` stage: the vectors as OpenAI's list."""
-    result: Embeddings = ctx.state.extra["embeddings"]
+    result: Embeddings = ctx.extra["embeddings"]
     req = ctx.request
     assert isinstance(req, EmbeddingRequest)
     if req.dimensions is not None and req.dimensions != result.dimensions:
@@ -170,7 +167,7 @@ async def respond(ctx: RequestContext) -> None:
             {"object": "embedding", "index": i, "embedding": _floats(v)}
             for i, v in enumerate(result.vectors)
         ]
-    tokens = sum(len(ids) for ids in ctx.state.prompt_ids)
+    tokens = sum(len(ids) for ids in ctx.prompt_ids)
     body = {
         "object": "list",
         "data": data,
@@ -179,6 +176,6 @@ async def respond(ctx: RequestContext) -> None:
     }
     await ctx.inp.http.respond(200, orjson.dumps(body))
     metrics = ctx.deps.metrics
-    model = ctx.state.entry.name if ctx.state.entry is not None else ""
+    model = ctx.entry.name if ctx.entry is not None else ""
     metrics.duration.labels(model).observe(time.perf_counter() - ctx.inp.received)
     metrics.input_tokens.labels(model).inc(tokens)

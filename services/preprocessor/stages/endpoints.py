@@ -94,10 +94,9 @@ ID_PREFIX = {
 def parse(ctx: RequestContext) -> None:
     """The body into the endpoint's request type; the session key is the x-session-id
     header, else the body's `user`."""
-    state = ctx.state
-    state.request = request = PARSERS[ctx.inp.endpoint](state.raw)
-    state.raw = b""
-    state.session_id = ctx.inp.session_id or request.user
+    ctx.body = request = PARSERS[ctx.inp.endpoint](ctx.raw)
+    ctx.raw = b""
+    ctx.session_id = ctx.inp.session_id or request.user
 
 
 PARSE = Stage("parse", parse)
@@ -178,7 +177,7 @@ async def run_stages(ctx: RequestContext, stages: tuple[Stage, ...]) -> None:
 
 
 def _span(ctx: RequestContext, stage: Stage) -> Span | None:
-    trace = ctx.state.trace
+    trace = ctx.trace
     return trace.span(stage.name) if trace is not None and stage.name in TRACED_STAGES else None
 
 
@@ -227,9 +226,9 @@ def _constraint_field(ctx: RequestContext) -> str | None:
     """The field whose constraint the engine was sent, if any: everything else an engine
     could refuse is checked before it is sent, so its refusal is of the grammar it had to
     compile (a schema feature it lacks, an invalid regex)."""
-    if ctx.state.extra.get("constraint") is not None:
+    if ctx.extra.get("constraint") is not None:
         return "tools"  # tool_choice's schema, built from the tools' parameters
-    sampling = getattr(ctx.state.request, "sampling", None)
+    sampling = getattr(ctx.body, "sampling", None)
     if sampling is not None and sampling.constraint is not None:
         return sampling.constraint_param or None
     return None
@@ -239,10 +238,9 @@ async def serve(ctx: RequestContext, body: bytes) -> int:
     """Answer one request on `ctx.inp.http`; returns the HTTP status (200 once a stream
     started, whatever happened in it). Past the request's deadline the engine requests are
     aborted and the client gets a 504 (an error event once the stream started)."""
-    state = ctx.state
     endpoint = ctx.inp.endpoint
     try:
-        state.raw = body
+        ctx.raw = body
         # The stages' loop is run_stages', here in place: a coroutine that awaits another
         # adds a frame every reply batch resumes (the stream stage waits inside).
         for stage in PIPELINES[endpoint]:
@@ -256,20 +254,20 @@ async def serve(ctx: RequestContext, body: bytes) -> int:
     except Exception as exc:
         err = as_request_error(exc)
         extra = err.headers()  # a 429's Retry-After, whatever shape the API gives the body
-        if err.code == ENGINE_REJECTED and err.param is None and state.request is not None:
+        if err.code == ENGINE_REJECTED and err.param is None and ctx.body is not None:
             err.param = _constraint_field(ctx)
         if endpoint == RESPONSES:
             err = responses_error(err)
         elif endpoint == MESSAGES:
             err = anthropic_error(err)
-        state.error = err.code
-        if state.sink is not None and await state.sink.fail(err):
+        ctx.error = err.code
+        if ctx.sink is not None and await ctx.sink.fail(err):
             return 200
         await ctx.inp.http.respond(err.status, err.body(), extra or None)
         return err.status
     finally:
         await lifecycle.stop_all(ctx)
         admit.release(ctx)
-        if state.active:
-            state.active = False
+        if ctx.active:
+            ctx.active = False
             ctx.deps.metrics.active.dec()

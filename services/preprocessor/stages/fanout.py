@@ -19,18 +19,17 @@ from switchyard.preprocessor.stages.migration import Placement
 def generations(ctx: RequestContext, placement: Placement | None = None) -> list[Generation]:
     """Every prompt's choices and its generation, added to the request's state. `placement`:
     where a request that starts over may go (its attempts counted on)."""
-    state = ctx.state
-    tokenizer = state.tokenizer
-    assert tokenizer is not None and state.sampling is not None
+    tokenizer = ctx.tokenizer
+    assert tokenizer is not None and ctx.sampling is not None
     req = ctx.request
     chat = isinstance(req, ChatCompletionRequest)
     per_prompt = req.sampling.n if chat else req.best_of  # type: ignore[union-attr]
     echo_logprobs = None
-    if not chat and req.echo and state.logprobs is not None:  # type: ignore[union-attr]
-        echo_logprobs = state.logprobs
+    if not chat and req.echo and ctx.logprobs is not None:  # type: ignore[union-attr]
+        echo_logprobs = ctx.logprobs
     index = 0
     out = []
-    for group, prompt_ids in enumerate(state.prompt_ids):
+    for group, prompt_ids in enumerate(ctx.prompt_ids):
         choices = []
         for _ in range(per_prompt):
             parser = None
@@ -38,13 +37,13 @@ def generations(ctx: RequestContext, placement: Placement | None = None) -> list
             lp = echo = None
             if chat:
                 parser = _parser(ctx)
-                if parser is not None and state.parsers is not None:
-                    skip = skip and not state.parsers.needs_special_tokens
+                if parser is not None and ctx.parsers is not None:
+                    skip = skip and not ctx.parsers.needs_special_tokens
             else:
-                if state.logprobs is not None:
-                    lp = CompletionLogprobs(tokenizer.token_texts, state.logprobs)
+                if ctx.logprobs is not None:
+                    lp = CompletionLogprobs(tokenizer.token_texts, ctx.logprobs)
                 if req.echo:  # type: ignore[union-attr]
-                    text = state.prompt_texts[group]
+                    text = ctx.prompt_texts[group]
                     echo = text if text is not None else tokenizer.decode(prompt_ids)
             choices.append(
                 ChoiceOutput(
@@ -61,19 +60,19 @@ def generations(ctx: RequestContext, placement: Placement | None = None) -> list
                 )
             )
             index += 1
-        state.choices.extend(choices)
+        ctx.choices.extend(choices)
         gen = Generation(
             ctx,
             choices,
             prompt_ids,
-            state.sampling,
+            ctx.sampling,
             echo_logprobs,
             group=group,
             placement=placement.copy() if placement is not None else None,
         )
         out.append(gen)
-    state.generations.extend(out)
-    state.unfinished = len(state.choices)
+    ctx.generations.extend(out)
+    ctx.unfinished = len(ctx.choices)
     return out
 
 
@@ -81,11 +80,11 @@ def _parser(ctx: RequestContext) -> OutputParser | None:
     """A choice's output parser (None when it would parse nothing)."""
     req = ctx.request
     assert isinstance(req, ChatCompletionRequest)
-    choice = ctx.state.parsers
+    choice = ctx.parsers
     if choice is None:
         return None
     parser = choice.for_request(
-        prompt=ctx.state.prompt_texts[0] or "",
+        prompt=ctx.prompt_texts[0] or "",
         tools=req.tools or None,
         tool_choice=req.tool_choice,
         parallel_tool_calls=req.parallel_tool_calls,

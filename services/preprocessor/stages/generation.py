@@ -111,7 +111,7 @@ class Generation:
         self.prompt_logprobs = prompt_logprobs  # echo: asked until they came
         self.group = group
         self.split = split
-        self.restart = ctx.state.restarts
+        self.restart = ctx.restarts
         self.placement = placement if placement is not None else Placement()
         self.phase = IDLE
         self.attempt_id = ""  # the engine request id of the current attempt
@@ -179,7 +179,6 @@ class Generation:
 
     def request(self, routed: RouteResponse, generated: list[int], whole: bool) -> GenerateRequest:
         """The engine request of the attempt about to start (routed as `routed`)."""
-        state = self.ctx.state
         sampling = self.sampling
         n = len(self.choices)
         if generated or sampling.n != n:
@@ -195,9 +194,9 @@ class Generation:
             instance_id=routed.instance_id,
             token_ids=self.prompt_ids + generated if generated else self.prompt_ids,
             sampling=sampling,
-            logprobs=state.logprobs,
+            logprobs=self.ctx.logprobs,
             prompt_logprobs=None if self._prompt_logprobs_in() else self.prompt_logprobs,
-            reasoning=state.reasoning,
+            reasoning=self.ctx.reasoning,
             data_parallel_rank=routed.dp_rank,  # the rank the router chose (None: the engine's)
             http_request_id=self.ctx.inp.request_id,
             stream=not whole,

@@ -76,7 +76,7 @@ async def route(
     NoWorker when no engine can take it."""
     deps = ctx.deps
     timer = deps.timer
-    trace = ctx.state.trace
+    trace = ctx.trace
     t0 = time.perf_counter()
     span = trace.span("route", **{"switchyard.attempt": attempt}) if trace is not None else None
     request = RouteRequest(
@@ -84,9 +84,9 @@ async def route(
         model=ctx.request.model,
         token_ids=token_ids,
         exclude=placement.exclude,
-        session_id=ctx.state.session_id,
+        session_id=ctx.session_id,
         whole=whole,
-        requires=list(ctx.state.requires),
+        requires=list(ctx.requires),
     )
     reply = await route_around(deps.router, request, deps.limits.route_timeout, placement.refused)
     if reply.policy == FALLBACK_POLICY:
@@ -137,7 +137,6 @@ async def start(gen: Generation, last_failure: GenerateFailed | None = None) -> 
     """Run one attempt of `gen` up to STREAM (its replies then come to the token loop)."""
     ctx = gen.ctx
     deps = ctx.deps
-    state = ctx.state
     gen.attempt_id = gen.next_id()
     gen.phase = phases.ROUTE
     placement = gen.placement
@@ -162,13 +161,13 @@ async def start(gen: Generation, last_failure: GenerateFailed | None = None) -> 
     whole = gen.whole_unless_hop() and pair is None
     gen.whole = whole
     request = gen.request(routed, generated, whole)
-    trace = state.trace
+    trace = ctx.trace
     if trace is not None:
         request = _dispatch_span(gen, request, pair)
     gen.instance_id = request.instance_id
     gen.got_tokens = False
     gen.unfinished = sum(1 for c in gen.choices if not c.done)
-    state.attempts[gen.attempt_id] = gen
+    ctx.attempts[gen.attempt_id] = gen
     t0 = time.perf_counter()
     if pair is not None:
         gen.phase = phases.HOP
@@ -180,7 +179,7 @@ async def start(gen: Generation, last_failure: GenerateFailed | None = None) -> 
             request,
             *pair,
             deps.limits.first_token_timeout,
-            state.queue,
+            ctx.queue,
             deps.metrics.internal_error,
         )
         if hop is not None:
@@ -188,7 +187,7 @@ async def start(gen: Generation, last_failure: GenerateFailed | None = None) -> 
         stage = "hop"
     else:
         gen.phase = phases.DISPATCH
-        gen.stream = await open_stream(ctx, request, state.queue)
+        gen.stream = await open_stream(ctx, request, ctx.queue)
         stage = "dispatch"
     if deps.timer is not None:
         deps.timer.add(stage, time.perf_counter() - t0)
@@ -202,7 +201,7 @@ async def _split(gen: Generation, others: list[ChoiceOutput]) -> None:
     gen.choices = [c for c in gen.choices if c not in others]
     for choice in others:
         sibling = gen.sibling(choice)
-        gen.ctx.state.generations.append(sibling)
+        gen.ctx.generations.append(sibling)
         await start(sibling)
 
 
@@ -211,7 +210,7 @@ def _dispatch_span(
 ) -> GenerateRequest:
     """Start the attempt's dispatch and first_token spans; the request then carries the
     dispatch span's context to the engine."""
-    trace = gen.ctx.state.trace
+    trace = gen.ctx.trace
     assert trace is not None
     instance = gen.ctx.deps.instances().get(request.instance_id)
     span = gen.span = trace.span(
@@ -267,7 +266,7 @@ async def stop(gen: Generation) -> None:
 
 
 def _end_spans(gen: Generation, failure: GenerateFailed | None = None) -> None:
-    trace = gen.ctx.state.trace
+    trace = gen.ctx.trace
     assert trace is not None
     for span in (gen.first_span, gen.span):
         if span is None:
@@ -287,7 +286,7 @@ async def _end(gen: Generation) -> None:
     if not gen.live:
         return
     gen.live = False
-    gen.ctx.state.attempts.pop(gen.attempt_id, None)
+    gen.ctx.attempts.pop(gen.attempt_id, None)
     await gen.ctx.deps.router.progress(gen.attempt_id, gen.instance_id, STAGE_FINISHED, final=True)
 
 
@@ -307,7 +306,7 @@ async def fail(gen: Generation, failure: GenerateFailed) -> CannotResume | None:
     ctx = gen.ctx
     left = gen.left()
     so_far = max((len(c.generated) for c in left), default=0)
-    over = await judge(ctx.deps, ctx.state, gen.placement, failure, so_far, resumable(gen.sampling))
+    over = await judge(ctx, gen.placement, failure, so_far, resumable(gen.sampling))
     if over is not None:
         return over
     tokens = sum(len(c.generated) for c in left)
@@ -320,7 +319,7 @@ async def fail(gen: Generation, failure: GenerateFailed) -> CannotResume | None:
         failure.message,
         extra={"request_id": ctx.inp.request_id},
     )
-    trace = ctx.state.trace
+    trace = ctx.trace
     span = None
     if trace is not None:
         span = trace.span(
@@ -348,7 +347,7 @@ async def fail(gen: Generation, failure: GenerateFailed) -> CannotResume | None:
 
 async def stop_all(ctx: RequestContext) -> None:
     """End every attempt of the request still running (it failed, or is over)."""
-    for gen in ctx.state.generations:
+    for gen in ctx.generations:
         await stop(gen)
 
 
@@ -366,15 +365,14 @@ async def generate(ctx: RequestContext, placement: Placement | None = None) -> N
     """The `generate` stage: start each prompt's generation (route -> hop -> dispatch), then
     open the answer's sink. `placement`: a request that starts over (its attempts counted
     on, the engines that failed it avoided)."""
-    state = ctx.state
     fanout.generations(ctx, placement)
-    for gen in list(state.generations):  # a start may add generations (split choices)
+    for gen in list(ctx.generations):  # a start may add generations (split choices)
         if gen.phase == phases.IDLE:
             await start(gen)
     raise_if_past_deadline(ctx)
-    state.sink = answer.sink_for(ctx)
-    if not state.active:
-        state.active = True
+    ctx.sink = answer.sink_for(ctx)
+    if not ctx.active:
+        ctx.active = True
         ctx.deps.metrics.active.inc()
 
 
@@ -383,14 +381,13 @@ async def stream(ctx: RequestContext) -> None:
     write its output in one go, then report its first tokens and ends; a failure it reports
     goes through the migration policy first (while the batch's output is held, so that a
     request that fails before its first byte still gets an HTTP status)."""
-    state = ctx.state
-    queue = state.queue
+    queue = ctx.queue
     timer = ctx.deps.timer
     clock = asyncio.get_running_loop().time
     loop = TokenLoop(ctx)
     watchdog = loop.watchdog
     try:
-        while state.unfinished:
+        while ctx.unfinished:
             if watchdog.expired:
                 late = loop.due()
                 if late is not None:
@@ -412,7 +409,7 @@ async def stream(ctx: RequestContext) -> None:
                     continue
             if got:
                 loop.observe(now)
-            sink = state.sink
+            sink = ctx.sink
             assert sink is not None
             if timer is not None:
                 t1 = time.perf_counter()
@@ -450,7 +447,7 @@ async def _failed(
         over = await fail(gen, failure)
         if over is None:
             continue
-        sink = ctx.state.sink
+        sink = ctx.sink
         if sink is not None and sink.started:
             raise over  # the client has part of an output that cannot go on
         loop.close()
@@ -463,7 +460,6 @@ async def _failed(
 async def start_over(ctx: RequestContext, over: CannotResume) -> None:
     """The request from the prompt again, its output so far dropped (the client has none of
     it): what a sampled constrained output does when its engine fails."""
-    state = ctx.state
     await stop_all(ctx)
     log.warning(
         "starting request_id=%s over from the prompt: %s",
@@ -471,8 +467,8 @@ async def start_over(ctx: RequestContext, over: CannotResume) -> None:
         over.message,
         extra={"request_id": ctx.inp.request_id},
     )
-    state.choices = []
-    state.generations = []
-    state.attempts.clear()
-    state.restarts += 1
+    ctx.choices = []
+    ctx.generations = []
+    ctx.attempts.clear()
+    ctx.restarts += 1
     await generate(ctx, over.placement)

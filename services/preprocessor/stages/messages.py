@@ -56,9 +56,8 @@ def thinking(ctx: RequestContext) -> None:
     assert isinstance(req, MessagesRequest)
     if req.thinking is None:
         return
-    state = ctx.state
-    assert state.tokenizer is not None
-    reasoning = state.parsers.reasoning if state.parsers is not None else None
+    assert ctx.tokenizer is not None
+    reasoning = ctx.parsers.reasoning if ctx.parsers is not None else None
     on = req.thinking in THINKING_ON
     model = req.model
     if reasoning is None:
@@ -69,7 +68,7 @@ def thinking(ctx: RequestContext) -> None:
                 "thinking",
             )
         return  # disabled, and it never thinks
-    source = state.tokenizer.chat_template.source
+    source = ctx.tokenizer.chat_template.source
     switches = [name for name in reasoning.switches if name in source]
     if not switches:
         if not on:
@@ -81,7 +80,7 @@ def thinking(ctx: RequestContext) -> None:
             )
         return  # it reasons on its own terms
     kwargs = {**req.template_kwargs, **dict.fromkeys(switches, on)}
-    state.request = dataclasses.replace(req, template_kwargs=kwargs)
+    ctx.body = dataclasses.replace(req, template_kwargs=kwargs)
 
 
 # --- the message object -----------------------------------------------------------------------
@@ -345,7 +344,7 @@ class MessageCollectSink:
 def sink(ctx: RequestContext) -> MessageStreamSink | MessageCollectSink:
     req = ctx.request
     assert isinstance(req, MessagesRequest)
-    prompt = sum(len(ids) for ids in ctx.state.prompt_ids)
+    prompt = sum(len(ids) for ids in ctx.prompt_ids)
     head = MessageHead(ctx.inp.request_id, req.model, prompt, req.thinking_omitted)
     http = ctx.inp.http
     return MessageStreamSink(http, head) if req.stream else MessageCollectSink(http, head)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from switchyard.common import errors
 from switchyard.common.errors import EngineError
-from switchyard.preprocessor.stages.context import Deps, RequestState
+from switchyard.preprocessor.stages.context import Deps, RequestContext
 from switchyard.protos.messages import GenerateFailed, SamplingParams
 
 
@@ -65,8 +65,7 @@ def resumable(sampling: SamplingParams) -> bool:
 
 
 async def judge(
-    deps: Deps,
-    state: RequestState,
+    ctx: RequestContext,
     placement: Placement,
     failure: GenerateFailed,
     output_so_far: int = 0,
@@ -78,6 +77,7 @@ async def judge(
     of the attempt had; `can_resume`: see `resumable`."""
     if failure.kind not in errors.MIGRATABLE:
         raise EngineError(failure.kind, failure.message, failure.instance_id)
+    deps = ctx.deps
     if failure.kind == errors.OVERLOADED:
         await deps.router.busy(failure.instance_id, deps.limits.busy_seconds)
     if failure.kind == errors.REFUSED:
@@ -91,9 +91,9 @@ async def judge(
             f"gave up after {limit} migrations: {failure.message}",
             failure.instance_id,
         )
-    entry = state.entry
+    entry = ctx.entry
     deps.metrics.migrations.labels(entry.name if entry is not None else "", failure.kind).inc()
-    state.migrations += 1
+    ctx.migrations += 1
     placement.attempt += 1
     if output_so_far and not can_resume:
         return CannotResume(

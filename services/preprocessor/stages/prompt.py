@@ -60,15 +60,15 @@ def resolve_model(ctx: RequestContext) -> None:
             else ("an embedding model: use /v1/embeddings")
         )
         raise InvalidRequestError(f"The model {model!r} is {what}.", "model_not_supported", "model")
-    ctx.state.entry = entry
-    ctx.state.tokenizer = tokenizer
+    ctx.entry = entry
+    ctx.tokenizer = tokenizer
     if isinstance(ctx.request, ChatCompletionRequest):  # chat, and Responses as chat
-        ctx.state.parsers = ctx.deps.parsers(model, tokenizer)
+        ctx.parsers = ctx.deps.parsers(model, tokenizer)
 
 
 def render_template(ctx: RequestContext) -> None:
     req = ctx.request
-    tokenizer = ctx.state.tokenizer
+    tokenizer = ctx.tokenizer
     assert isinstance(req, ChatCompletionRequest) and tokenizer is not None
     template = tokenizer.chat_template
     for name in req.template_kwargs:
@@ -86,8 +86,8 @@ def render_template(ctx: RequestContext) -> None:
     )
     if req.continue_final_message:
         text = _continue_final(text, req.messages[-1])
-    ctx.state.prompt_texts = [text]
-    ctx.state.param = "messages"
+    ctx.prompt_texts = [text]
+    ctx.param = "messages"
 
 
 def _continue_final(text: str, last: dict) -> str:
@@ -111,7 +111,7 @@ def outputs(ctx: RequestContext) -> None:
     """The constraint tool_choice asks for (the parsers are made per choice in `generate`)."""
     req = ctx.request
     assert isinstance(req, ChatCompletionRequest)
-    choice = ctx.state.parsers
+    choice = ctx.parsers
     if req.tools and req.tool_choice in ("required",) or isinstance(req.tool_choice, dict):
         built = tool_choice_constraint(req.tools, req.tool_choice, req.parallel_tool_calls)
         if built is not None:
@@ -122,37 +122,36 @@ def outputs(ctx: RequestContext) -> None:
                     INVALID_VALUE,
                     "tool_choice",
                 )
-            ctx.state.extra["constraint"] = Constraint(kind=built.kind, value=built.value)
+            ctx.extra["constraint"] = Constraint(kind=built.kind, value=built.value)
     reasoning = choice is not None and choice.reasoning is not None and req.separate_reasoning
     if reasoning:
         assert choice is not None and choice.reasoning is not None
-        probe = choice.reasoning.parser(ctx.state.prompt_texts[0] or "", req.template_kwargs)
+        probe = choice.reasoning.parser(ctx.prompt_texts[0] or "", req.template_kwargs)
         reasoning = probe is not None
-    ctx.state.reasoning = reasoning
+    ctx.reasoning = reasoning
 
 
 def _prompt_budget(ctx: RequestContext) -> int:
     """The most prompt tokens that can still fit with the requested completion."""
-    assert ctx.state.entry is not None
+    assert ctx.entry is not None
     max_tokens = ctx.request.sampling.max_tokens or 1
-    return max(0, ctx.state.entry.context_length - max_tokens)
+    return max(0, ctx.entry.context_length - max_tokens)
 
 
 async def tokenize(ctx: RequestContext) -> None:
-    state = ctx.state
-    tokenizer = state.tokenizer
-    assert tokenizer is not None and state.entry is not None
+    tokenizer = ctx.tokenizer
+    assert tokenizer is not None and ctx.entry is not None
     req = ctx.request
     if isinstance(req, CompletionRequest):
-        state.param = "prompt"
-        state.prompt_texts = [p if isinstance(p, str) else None for p in req.prompts]
+        ctx.param = "prompt"
+        ctx.prompt_texts = [p if isinstance(p, str) else None for p in req.prompts]
     opts = req.sampling
-    check_max_tokens(opts.max_tokens, state.entry.context_length, opts.max_tokens_param)
+    check_max_tokens(opts.max_tokens, ctx.entry.context_length, opts.max_tokens_param)
     budget = _prompt_budget(ctx)
-    batch = len(state.prompt_texts) > 1
-    state.prompt_ids = []
-    for i, text in enumerate(state.prompt_texts):
-        param = f"{state.param}[{i}]" if batch else state.param
+    batch = len(ctx.prompt_texts) > 1
+    ctx.prompt_ids = []
+    for i, text in enumerate(ctx.prompt_texts):
+        param = f"{ctx.param}[{i}]" if batch else ctx.param
         if text is None:
             ids = list(req.prompts[i])  # type: ignore[union-attr]
             if max(ids) >= tokenizer.vocab_size:
@@ -165,38 +164,37 @@ async def tokenize(ctx: RequestContext) -> None:
             try:
                 ids = await tokenizer.prompts.encode(text, budget, ctx.deps.limits.offload_chars)
             except PromptTooLong as exc:
-                where = "prompt" if state.param == "prompt" else "messages"
+                where = "prompt" if ctx.param == "prompt" else "messages"
                 raise InvalidRequestError(
-                    f"This model's maximum context length is {state.entry.context_length} "
+                    f"This model's maximum context length is {ctx.entry.context_length} "
                     f"tokens. However, your {where} resulted in at least {exc.tokens} tokens. "
                     f"Please reduce the length of the {where}.",
                     CONTEXT_LENGTH_EXCEEDED,
                     param,
                 ) from None
-            if state.param == "prompt":  # completions add the tokenizer's own (vLLM's default)
+            if ctx.param == "prompt":  # completions add the tokenizer's own (vLLM's default)
                 ids = tokenizer.with_special_tokens(ids)
         if not ids:
             raise InvalidRequestError("The prompt is empty.", INVALID_VALUE, param)
-        state.prompt_ids.append(ids)
+        ctx.prompt_ids.append(ids)
 
 
 def check(ctx: RequestContext) -> None:
-    state = ctx.state
-    assert state.entry is not None and state.tokenizer is not None
+    assert ctx.entry is not None and ctx.tokenizer is not None
     req = ctx.request
     assert not isinstance(req, EmbeddingRequest)  # embeddings take the embed stage
     opts = req.sampling
-    batch = len(state.prompt_ids) > 1
+    batch = len(ctx.prompt_ids) > 1
     max_tokens = min(
         check_context(
             len(ids),
             opts.max_tokens,
-            state.entry.context_length,
-            f"{state.param}[{i}]" if batch else state.param,
+            ctx.entry.context_length,
+            f"{ctx.param}[{i}]" if batch else ctx.param,
         )
-        for i, ids in enumerate(state.prompt_ids)
+        for i, ids in enumerate(ctx.prompt_ids)
     )
-    vocab = state.tokenizer.vocab_size
+    vocab = ctx.tokenizer.vocab_size
     for token_id in opts.stop_token_ids:
         if token_id >= vocab:
             raise InvalidRequestError(
@@ -212,23 +210,23 @@ def check(ctx: RequestContext) -> None:
                 "logit_bias",
             )
     if opts.seed is not None:
-        if SEED not in state.entry.capabilities:
+        if SEED not in ctx.entry.capabilities:
             raise InvalidRequestError(
                 f"'seed' is not supported for model {req.model!r}: its engines are SGLang "
                 "engines, whose gRPC API takes no seed.",
                 UNSUPPORTED_VALUE,
                 "seed",
             )
-        state.requires = (SEED,)  # only vLLM engines (router filter `capable`)
-    constraint = state.extra.get("constraint") or opts.constraint
-    state.sampling = sampling_params(opts, max_tokens, constraint)
+        ctx.requires = (SEED,)  # only vLLM engines (router filter `capable`)
+    constraint = ctx.extra.get("constraint") or opts.constraint
+    ctx.sampling = sampling_params(opts, max_tokens, constraint)
     if isinstance(req, ChatCompletionRequest):
-        state.logprobs = req.top_logprobs if req.logprobs else None
-        state.top_logprobs = req.top_logprobs
+        ctx.logprobs = req.top_logprobs if req.logprobs else None
+        ctx.top_logprobs = req.top_logprobs
     else:
-        state.logprobs = req.logprobs
-        if req.best_of > opts.n and state.logprobs is None:
-            state.logprobs = 0  # best_of ranks the candidates by their logprobs
+        ctx.logprobs = req.logprobs
+        if req.best_of > opts.n and ctx.logprobs is None:
+            ctx.logprobs = 0  # best_of ranks the candidates by their logprobs
 
 
 def sampling_params(

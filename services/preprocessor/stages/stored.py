@@ -43,7 +43,7 @@ from switchyard.preprocessor.stored_items import stored_items
 log = logging.getLogger(__name__)
 
 WARNING_HEADER = b"x-switchyard-warning"
-KEY = "stored"  # RequestState.extra's key for a request's Kept
+KEY = "stored"  # RequestContext.extra's key for a request's Kept
 
 
 @dataclasses.dataclass(slots=True)
@@ -65,8 +65,8 @@ def _previous_not_found(response_id: str) -> InvalidRequestError:
 
 def _unstored(ctx: RequestContext, why: str) -> None:
     """Answer without keeping: the response object says store false, a header says why."""
-    ctx.state.extra["shown"] = {"store": False}
-    ctx.state.headers.append((WARNING_HEADER, why.encode("latin-1", "replace")))
+    ctx.extra["shown"] = {"store": False}
+    ctx.headers.append((WARNING_HEADER, why.encode("latin-1", "replace")))
 
 
 async def history(ctx: RequestContext) -> None:
@@ -90,7 +90,7 @@ async def history(ctx: RequestContext) -> None:
                 "unsupported_value",
                 "store",
             )
-        ctx.state.extra["shown"] = {"store": False}
+        ctx.extra["shown"] = {"store": False}
         return
     storing = req.store is not False
     fails = storing and storage.config.when_unavailable == "fail"
@@ -106,9 +106,9 @@ async def history(ctx: RequestContext) -> None:
         where = "previous_response_id" if req.previous_response_id else "conversation"
         messages = list(req.messages)
         messages[req.head : req.head] = input_messages(prior, where)
-        ctx.state.request = dataclasses.replace(req, messages=tuple(messages))
+        ctx.body = dataclasses.replace(req, messages=tuple(messages))
     if not storing:
-        ctx.state.extra["shown"] = {"store": False, **ctx.state.extra.get("shown", {})}
+        ctx.extra["shown"] = {"store": False, **ctx.extra.get("shown", {})}
         return
     own = stored_items(req.input, checked=True)
     items = orjson.dumps(prior + own)
@@ -123,7 +123,7 @@ async def history(ctx: RequestContext) -> None:
     if ctx.inp.engine_prefix:  # the client's X-Request-Id: a stored id must be unique
         response_id = request_ids.mint("resp_")
     own_items = own if req.conversation else []
-    ctx.state.extra[KEY] = Kept(response_id, items, own_items)
+    ctx.extra[KEY] = Kept(response_id, items, own_items)
 
 
 async def _context(ctx: RequestContext, req: ResponsesRequest) -> list[dict[str, Any]]:
@@ -145,7 +145,7 @@ async def _context(ctx: RequestContext, req: ResponsesRequest) -> list[dict[str,
 
 
 def response_id(ctx: RequestContext) -> str:
-    kept: Kept | None = ctx.state.extra.get(KEY)
+    kept: Kept | None = ctx.extra.get(KEY)
     return kept.response_id if kept is not None else ctx.inp.request_id
 
 
@@ -158,7 +158,7 @@ def shown(ctx: RequestContext) -> dict[str, Any]:
         "previous_response_id": req.previous_response_id,
         "conversation": {"id": req.conversation} if req.conversation else None,
     }
-    fields.update(ctx.state.extra.get("shown", {}))
+    fields.update(ctx.extra.get("shown", {}))
     return fields
 
 
@@ -166,7 +166,7 @@ async def keep(ctx: RequestContext, body: dict[str, Any], started: bool) -> byte
     """Keep the final response object (`body`); its encoding when it went into the store
     unchanged (the sink sends those bytes), else None. `started`: headers already went out
     (no warning header can be added then; the body's `store` still says false)."""
-    kept: Kept | None = ctx.state.extra.pop(KEY, None)  # once: a failure after this is not kept
+    kept: Kept | None = ctx.extra.pop(KEY, None)  # once: a failure after this is not kept
     storage = ctx.deps.storage
     if kept is None or storage is None:
         return None

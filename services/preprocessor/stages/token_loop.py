@@ -40,8 +40,7 @@ Failures = list[tuple[Generation, GenerateFailed]]
 def _logprobs(ctx: RequestContext, sink: Sink, choice: ChoiceOutput, reply: TokenDelta) -> None:
     detail = reply.detail
     assert detail is not None
-    state = ctx.state
-    texts = state.tokenizer.token_texts  # type: ignore[union-attr]
+    texts = ctx.tokenizer.token_texts  # type: ignore[union-attr]
     lp = choice.completion_logprobs
     if detail.prompt_logprobs is not None and lp is not None:
         part = lp.add_prompt(choice.prompt, detail.prompt_logprobs)
@@ -54,7 +53,7 @@ def _logprobs(ctx: RequestContext, sink: Sink, choice: ChoiceOutput, reply: Toke
         if lp is not None:
             sink.logprobs(choice, lp.add_output(reply.token_ids, detail.logprobs))
         else:
-            entries = chat_entries(texts, reply.token_ids, detail.logprobs, state.top_logprobs)
+            entries = chat_entries(texts, reply.token_ids, detail.logprobs, ctx.top_logprobs)
             sink.logprobs(choice, entries)
 
 
@@ -101,17 +100,16 @@ class TokenLoop:
     )
 
     def __init__(self, ctx: RequestContext) -> None:
-        state = ctx.state
         deps = ctx.deps
         limits = deps.limits
-        assert state.sink is not None
+        assert ctx.sink is not None
         self._ctx = ctx
-        self._sink: Sink = state.sink
-        self._model = state.entry.name if state.entry is not None else ""
+        self._sink: Sink = ctx.sink
+        self._model = ctx.entry.name if ctx.entry is not None else ""
         self._itl = deps.metrics.itl.labels(self._model)  # looked up once per request
         self.watchdog = Watchdog(
-            state.queue,
-            state.generations,
+            ctx.queue,
+            ctx.generations,
             limits.first_token_timeout,
             limits.gap_timeout,
             end_at(ctx),
@@ -136,8 +134,7 @@ class TokenLoop:
         inter-token metrics). One function on purpose: it runs per reply, and each call it
         would make costs a measurable share of a token's time."""
         ctx = self._ctx
-        state = ctx.state
-        attempts = state.attempts
+        attempts = ctx.attempts
         sink = self._sink
         got_tokens = False
         for reply in items:
@@ -188,7 +185,7 @@ class TokenLoop:
             if choice.done:  # a stop string completed
                 choice.stopped_reason()
                 sink.finish(choice)
-                state.unfinished -= 1
+                ctx.unfinished -= 1
                 gen.unfinished -= 1
                 if not gen.unfinished:
                     self.stopped.append(gen)
@@ -219,7 +216,7 @@ class TokenLoop:
         elif tail is not EMPTY:
             sink.parsed(choice, tail)  # type: ignore[arg-type]
         sink.finish(choice)
-        self._ctx.state.unfinished -= 1
+        self._ctx.unfinished -= 1
         gen.unfinished -= 1
         if not gen.unfinished:
             self.ended.append(gen)
@@ -228,12 +225,11 @@ class TokenLoop:
 
     def observe(self, now: float) -> None:
         """A batch brought streamed tokens: the request's TTFT, or an inter-token latency."""
-        state = self._ctx.state
-        if state.first_token_at is not None:
+        if self._ctx.first_token_at is not None:
             self._itl.observe(now - self._last_tokens_at)
         else:
             ctx = self._ctx
-            at = state.first_token_at = time.perf_counter()
+            at = self._ctx.first_token_at = time.perf_counter()
             ctx.deps.metrics.ttft.labels(self._model).observe(at - ctx.inp.received)
         self._last_tokens_at = now
 
@@ -245,12 +241,11 @@ class TokenLoop:
         end = watchdog.end_error()
         if end is not None:
             raise end
-        state = self._ctx.state
-        if not state.queue.empty():
+        if not self._ctx.queue.empty():
             return None
         late = [(gen, gen.silent(watchdog.timeout(gen))) for gen in watchdog.overdue()]
         for gen, _ in late:
-            state.attempts.pop(gen.attempt_id, None)
+            self._ctx.attempts.pop(gen.attempt_id, None)
         if not late:
             watchdog.arm()
         return late

@@ -39,11 +39,11 @@ async def test_engines_that_refused_are_tried_again_when_none_is_left(bundle):
     router = FakeRouter([1, 2])
     d = deps(bundle, router, FakeDispatcher(script))
     ctx = new_request(d, EMBEDDINGS, FakeHttp())
-    ctx.state.raw = b'{"model": "%s", "input": "hi"}' % MODEL.encode()
+    ctx.raw = b'{"model": "%s", "input": "hi"}' % MODEL.encode()
     parse(ctx)
-    ctx.state.prompt_ids = [[5, 6]]
+    ctx.prompt_ids = [[5, 6]]
     await embed(ctx)
-    result = ctx.state.extra["embeddings"]
+    result = ctx.extra["embeddings"]
     assert result.dimensions == 1 and calls == [1, 2, 1]
     # the third route excluded both, found none, and was asked again excluding neither
     assert router.excluded == [[], [1], [1, 2], []]

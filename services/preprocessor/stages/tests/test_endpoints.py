@@ -767,7 +767,7 @@ class TestRelease:
             ctx: RequestContext | None = endpoints.new_request(d, CHAT, http)
             assert ctx is not None
             assert await endpoints.serve(ctx, chat_body(stream=True)) == 200
-            assert ctx.state.generations
+            assert ctx.generations
             assert alive() == before + 2
             ctx.release()
             ctx = None

@@ -7,7 +7,8 @@ import pytest
 
 from switchyard.common import errors
 from switchyard.common.errors import EngineError
-from switchyard.preprocessor.stages.context import RequestState
+from switchyard.preprocessor.stages import endpoints
+from switchyard.preprocessor.stages.context import CHAT, RequestContext
 from switchyard.preprocessor.stages.generation import engine_request_id
 from switchyard.preprocessor.stages.migration import (
     CannotResume,
@@ -18,6 +19,7 @@ from switchyard.preprocessor.stages.migration import (
 )
 from switchyard.preprocessor.stages.tests.fakes import (
     FakeDispatcher,
+    FakeHttp,
     FakeRouter,
     deps,
     failed,
@@ -30,47 +32,51 @@ def d(bundle):
     return deps(bundle, FakeRouter([1, 2]), FakeDispatcher(lambda r: []), migration_limit=2)
 
 
+def request(d) -> RequestContext:
+    return endpoints.new_request(d, CHAT, FakeHttp())
+
+
 class TestJudge:
     async def test_a_fault_that_cannot_migrate_fails_the_request(self, d):
         with pytest.raises(EngineError) as raised:
-            await judge(d, RequestState(), Placement(), failed("r", 1, errors.BAD_REQUEST))
+            await judge(request(d), Placement(), failed("r", 1, errors.BAD_REQUEST))
         assert raised.value.kind == errors.BAD_REQUEST
 
     async def test_an_engine_at_fault_is_excluded_and_the_attempt_counted(self, d):
-        state, placement = RequestState(), Placement()
-        assert await judge(d, state, placement, failed("r", 1, errors.CANNOT_CONNECT)) is None
+        ctx, placement = request(d), Placement()
+        assert await judge(ctx, placement, failed("r", 1, errors.CANNOT_CONNECT)) is None
         assert placement == Placement(attempt=1, exclude=[1])
-        assert state.migrations == 1
+        assert ctx.migrations == 1
 
     async def test_a_fault_not_the_engines_excludes_nothing(self, d):
         placement = Placement()
         failure = failed("r", 1, errors.DISCONNECTED, engine_fault=False)
-        assert await judge(d, RequestState(), placement, failure) is None
+        assert await judge(request(d), placement, failure) is None
         assert placement == Placement(attempt=1)
 
     async def test_a_refusal_is_avoided_not_excluded(self, d):
         placement = Placement()
-        assert await judge(d, RequestState(), placement, failed("r", 2, errors.REFUSED)) is None
+        assert await judge(request(d), placement, failed("r", 2, errors.REFUSED)) is None
         assert (placement.exclude, placement.refused) == ([], [2])
 
     async def test_an_overloaded_engine_is_marked_busy(self, d):
-        await judge(d, RequestState(), Placement(), failed("r", 2, errors.OVERLOADED))
+        await judge(request(d), Placement(), failed("r", 2, errors.OVERLOADED))
         assert d.router.busy_log == [2]
 
     async def test_the_migration_limit(self, d):
         placement = Placement(attempt=2)
         with pytest.raises(EngineError, match="gave up after 2 migrations: boom"):
-            await judge(d, RequestState(), placement, failed("r", 1, errors.CANNOT_CONNECT))
+            await judge(request(d), placement, failed("r", 1, errors.CANNOT_CONNECT))
 
     async def test_a_sampled_constrained_output_can_only_start_over(self, d):
         placement = Placement()
         failure = failed("r", 1, errors.CANNOT_CONNECT)
-        over = await judge(d, RequestState(), placement, failure, 3, can_resume=False)
+        over = await judge(request(d), placement, failure, 3, can_resume=False)
         assert isinstance(over, CannotResume) and "3 tokens in" in over.message
         assert over.placement == Placement(attempt=1, exclude=[1])
         assert over.placement.exclude is not placement.exclude
         # before its first token it migrates as any output does
-        assert await judge(d, RequestState(), Placement(), failure, 0, False) is None
+        assert await judge(request(d), Placement(), failure, 0, False) is None
 
 
 class TestResumable:
