@@ -46,9 +46,12 @@ def request_fields(
     workers: list[str] = []
     prefill: list[str] = []
     for gen in ctx.generations:
-        _add(workers, instances, gen.instance_id)
-        if gen.prefill_instance_id is not None:
-            _add(prefill, instances, gen.prefill_instance_id)
+        att = gen.attempt
+        if att is None:
+            continue
+        _add(workers, instances, att.instance_id)
+        if att.prefill_instance_id is not None:
+            _add(prefill, instances, att.prefill_instance_id)
     if inp.endpoint == "embeddings":
         _add(workers, instances, ctx.extra.get("instance_id"))
     usage = ctx.usage

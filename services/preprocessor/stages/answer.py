@@ -75,7 +75,8 @@ def usage_of(ctx: RequestContext) -> Usage:
 def progress(ctx: RequestContext) -> Progress:
     """What a response that fails has so far: its choices, usage, and whether an engine
     took it (a generation was routed to one)."""
-    return ctx.choices, usage_of(ctx), any(g.instance_id for g in ctx.generations)
+    dispatched = any(g.attempt is not None and g.attempt.instance_id for g in ctx.generations)
+    return ctx.choices, usage_of(ctx), dispatched
 
 
 async def finish(ctx: RequestContext) -> None:
@@ -106,9 +107,10 @@ def _predictions(ctx: RequestContext) -> list[tuple[int, int, int, int]]:
     that the KV router placed (other policies predict nothing)."""
     out = []
     for gen in ctx.generations:
-        if gen.predicted is None:
+        att = gen.attempt
+        if att is None or att.predicted is None:
             continue
-        predicted, block_size = gen.predicted
+        predicted, block_size = att.predicted
         reported = max((c.cached_tokens for c in gen.choices), default=0)
         out.append((predicted, reported, block_size, len(gen.prompt_ids)))
     return out

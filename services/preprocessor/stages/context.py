@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from switchyard.preprocessor.parsers import ParsedDelta
     from switchyard.preprocessor.router_client import RouterClient
     from switchyard.preprocessor.stages.choice import ChoiceOutput
-    from switchyard.preprocessor.stages.generation import Generation
+    from switchyard.preprocessor.stages.generation import Attempt, Generation
     from switchyard.preprocessor.stages.sinks import Usage
     from switchyard.preprocessor.storage.service import Storage
     from switchyard.preprocessor.tracing import Trace, Tracing
@@ -183,8 +183,8 @@ class RequestContext:
     sink: Sink | None = None  # where the output goes (the `generate` stage makes it)
     choices: list[ChoiceOutput] = field(default_factory=list)
     generations: list[Generation] = field(default_factory=list)
-    # engine request id -> its generation: replies of attempts that ended are ignored.
-    attempts: dict[str, Generation] = field(default_factory=dict)
+    # engine request id -> its attempt: replies of attempts that ended are ignored.
+    attempts: dict[str, Attempt] = field(default_factory=dict)
     unfinished: int = 0  # choices still generating
     restarts: int = 0  # times the whole request started over from its prompt
     first_token_at: float | None = None
@@ -209,5 +209,7 @@ class RequestContext:
         """The exchange is over (answered, logged): its generations, which point back at
         it, are let go, so reference counting frees the request's objects at once (left in
         that cycle they would wait for a garbage collection, which walks them all)."""
+        for gen in self.generations:
+            gen.attempt = None  # (an attempt points back at its generation)
         self.generations = []
         self.attempts = {}

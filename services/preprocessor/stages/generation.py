@@ -1,5 +1,7 @@
-"""One engine request for one prompt's choices, over its attempts: what it holds, and the
-engine request each attempt sends (lifecycle.py moves it from phase to phase).
+"""One prompt's choices over their engine requests: the `Generation` holds what every
+attempt shares (the choices, prompt, sampling, lineage, placement) and builds each engine
+request; an `Attempt` is one engine request sent (its engine, stream and progress: lifecycle.py
+moves it from phase to phase).
 
 The n choices of a prompt go to the engine as one request with `n`, so the prompt is
 prefilled once; replies are matched to a choice by the engine index. Choices that must go on
@@ -43,8 +45,8 @@ if TYPE_CHECKING:
     from switchyard.preprocessor.dispatcher_client import GenerationStream
     from switchyard.preprocessor.prefill_hop import HopStream
 
-# Phases of an attempt (lifecycle.py owns the transitions).
-IDLE = "idle"  # made, not started
+# Phases of an attempt (lifecycle.py owns the transitions); a generation not started yet
+# has no attempt.
 ROUTE = "route"  # asking the router
 HOP = "hop"  # opening a prefill hop
 DISPATCH = "dispatch"  # opening the engine request
@@ -66,6 +68,65 @@ def engine_request_id(prefix: str, group: int, split: int, restart: int, attempt
     return rid
 
 
+class Attempt:
+    """One engine request of a generation: the engine it went to, its stream, how far it got.
+    A migration or a start-over makes a new one; the last one stays for the request's logs
+    and metrics (its engines, the KV router's prediction)."""
+
+    __slots__ = (
+        "gen",
+        "id",
+        "phase",
+        "instance_id",
+        "prefill_instance_id",
+        "stream",
+        "live",
+        "got_tokens",
+        "whole",
+        "last",
+        "predicted",
+        "span",
+        "first_span",
+    )
+
+    def __init__(
+        self,
+        gen: Generation,
+        attempt_id: str,
+        instance_id: int,
+        whole: bool,
+        predicted: tuple[int, int] | None,
+    ) -> None:
+        self.gen = gen
+        self.id = attempt_id  # the engine request id
+        self.phase = ROUTE
+        self.instance_id = instance_id
+        self.prefill_instance_id: int | None = None  # the prefill engine of a hop
+        self.stream: GenerationStream | HopStream | None = None
+        self.live = False  # an engine request is open: to cancel, and to tell the router of
+        self.got_tokens = False  # it produced a token
+        self.whole = whole  # it asked the engine for one final message
+        self.last = 0.0  # loop time of its last reply (the watchdog reads it)
+        # KV routing's prediction: (cached tokens, block size); None when the policy
+        # predicts nothing.
+        self.predicted = predicted
+        self.span: Span | None = None  # tracing on: its dispatch span
+        self.first_span: Span | None = None  # ... and its first_token span
+
+    def silent(self, timeout: float) -> GenerateFailed:
+        """Its failure, found silent for `timeout` seconds by the watchdog."""
+        if self.whole:
+            what = f"to a whole request of at most {self.gen.sampling.max_tokens} tokens"
+        else:
+            what = "between tokens" if self.got_tokens else "before the first token"
+        return GenerateFailed(
+            request_id=self.id,
+            instance_id=self.instance_id,
+            kind=errors.DISCONNECTED,
+            message=f"no reply for {timeout:g}s {what}",
+        )
+
+
 class Generation:
     __slots__ = (
         "ctx",
@@ -77,19 +138,8 @@ class Generation:
         "split",
         "restart",
         "placement",
-        "phase",
-        "attempt_id",
-        "instance_id",
-        "prefill_instance_id",
-        "stream",
-        "live",
-        "got_tokens",
-        "whole",
-        "last",
         "unfinished",
-        "predicted",
-        "span",
-        "first_span",
+        "attempt",
     )
 
     def __init__(
@@ -113,21 +163,8 @@ class Generation:
         self.split = split
         self.restart = ctx.restarts
         self.placement = placement if placement is not None else Placement()
-        self.phase = IDLE
-        self.attempt_id = ""  # the engine request id of the current attempt
-        self.instance_id = 0
-        self.prefill_instance_id: int | None = None  # the prefill engine of a hop
-        self.stream: GenerationStream | HopStream | None = None
-        self.live = False  # an engine request is open: to cancel, and to tell the router of
-        self.got_tokens = False  # this attempt produced a token
-        self.whole = False  # this attempt asked the engine for one final message
-        self.last = 0.0  # loop time of this attempt's last reply (the watchdog reads it)
         self.unfinished = len(choices)
-        # KV routing's prediction for the attempt: (cached tokens, block size); None when
-        # the policy predicts nothing.
-        self.predicted: tuple[int, int] | None = None
-        self.span: Span | None = None  # tracing on: the attempt's dispatch span
-        self.first_span: Span | None = None  # ... and its first_token span
+        self.attempt: Attempt | None = None  # the current (or last) attempt; None: not started
 
     def next_id(self) -> str:
         """The engine request id of the attempt about to start."""
@@ -167,17 +204,20 @@ class Generation:
             return []
         return generated
 
-    def predict(self, routed: RouteResponse) -> None:
-        """Keep what the KV router predicted of this attempt's cached prefix."""
-        self.predicted = None
+    def predict(self, routed: RouteResponse) -> tuple[int, int] | None:
+        """What the KV router predicted of an attempt's cached prefix (cached tokens, block
+        size); None when its policy predicts nothing."""
         if routed.policy != KV_POLICY or routed.instance_id is None:
-            return
+            return None
         instance = self.ctx.deps.instances().get(routed.instance_id)
-        if instance is not None:
-            block = instance.block_size
-            self.predicted = (min(routed.overlap_blocks * block, len(self.prompt_ids)), block)
+        if instance is None:
+            return None
+        block = instance.block_size
+        return min(routed.overlap_blocks * block, len(self.prompt_ids)), block
 
-    def request(self, routed: RouteResponse, generated: list[int], whole: bool) -> GenerateRequest:
+    def request(
+        self, attempt_id: str, routed: RouteResponse, generated: list[int], whole: bool
+    ) -> GenerateRequest:
         """The engine request of the attempt about to start (routed as `routed`)."""
         sampling = self.sampling
         n = len(self.choices)
@@ -190,7 +230,7 @@ class Generation:
             )
         assert routed.instance_id is not None
         return GenerateRequest(
-            request_id=self.attempt_id,
+            request_id=attempt_id,
             instance_id=routed.instance_id,
             token_ids=self.prompt_ids + generated if generated else self.prompt_ids,
             sampling=sampling,
@@ -211,22 +251,10 @@ class Generation:
 
     def diverged(self, choice: ChoiceOutput) -> EngineError:
         """A regenerated constrained output that came out other than the output so far."""
+        assert self.attempt is not None
         return EngineError(
             errors.DISCONNECTED,
             f"the engine failed {len(choice.generated)} tokens into a constrained output, "
             "and regenerating it on another engine gave other tokens",
-            self.instance_id,
-        )
-
-    def silent(self, timeout: float) -> GenerateFailed:
-        """The failure of an attempt the watchdog found silent for `timeout` seconds."""
-        if self.whole:
-            what = f"to a whole request of at most {self.sampling.max_tokens} tokens"
-        else:
-            what = "between tokens" if self.got_tokens else "before the first token"
-        return GenerateFailed(
-            request_id=self.attempt_id,
-            instance_id=self.instance_id,
-            kind=errors.DISCONNECTED,
-            message=f"no reply for {timeout:g}s {what}",
+            self.attempt.instance_id,
         )

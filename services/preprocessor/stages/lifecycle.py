@@ -38,7 +38,7 @@ from switchyard.preprocessor.stages import answer, fanout
 from switchyard.preprocessor.stages import generation as phases
 from switchyard.preprocessor.stages.choice import ChoiceOutput
 from switchyard.preprocessor.stages.context import RequestContext
-from switchyard.preprocessor.stages.generation import Generation
+from switchyard.preprocessor.stages.generation import Attempt, Generation
 from switchyard.preprocessor.stages.migration import (
     CannotResume,
     Placement,
@@ -137,18 +137,16 @@ async def start(gen: Generation, last_failure: GenerateFailed | None = None) -> 
     """Run one attempt of `gen` up to STREAM (its replies then come to the token loop)."""
     ctx = gen.ctx
     deps = ctx.deps
-    gen.attempt_id = gen.next_id()
-    gen.phase = phases.ROUTE
+    attempt_id = gen.next_id()
     placement = gen.placement
     routed = await route(
         ctx,
-        gen.attempt_id,
+        attempt_id,
         gen.prompt_ids,
         placement,
         gen.whole_unless_hop(),
         placement.attempt,
     )
-    gen.predict(routed)
     generated = gen.resume_ids()
     # The prefill hop only before any token: a later migration resends the prompt and the
     # tokens so far to one worker, as without disaggregation.
@@ -159,22 +157,20 @@ async def start(gen: Generation, last_failure: GenerateFailed | None = None) -> 
             # The engines take no `n` with disaggregation: one request per choice.
             await _split(gen, gen.choices[1:])
     whole = gen.whole_unless_hop() and pair is None
-    gen.whole = whole
-    request = gen.request(routed, generated, whole)
+    request = gen.request(attempt_id, routed, generated, whole)
+    att = gen.attempt = Attempt(gen, attempt_id, request.instance_id, whole, gen.predict(routed))
     trace = ctx.trace
     if trace is not None:
-        request = _dispatch_span(gen, request, pair)
-    gen.instance_id = request.instance_id
-    gen.got_tokens = False
+        request = _dispatch_span(att, request, pair)
     gen.unfinished = sum(1 for c in gen.choices if not c.done)
-    ctx.attempts[gen.attempt_id] = gen
+    ctx.attempts[attempt_id] = att
     t0 = time.perf_counter()
     if pair is not None:
-        gen.phase = phases.HOP
+        att.phase = phases.HOP
         placement.hops += 1
-        gen.prefill_instance_id = pair[0].instance_id
-        hop = trace.span("prefill_hop", gen.span) if trace is not None else None
-        gen.stream = await open_hop(
+        att.prefill_instance_id = pair[0].instance_id
+        hop = trace.span("prefill_hop", att.span) if trace is not None else None
+        att.stream = await open_hop(
             lambda r, q: open_stream(ctx, r, q),
             request,
             *pair,
@@ -186,14 +182,14 @@ async def start(gen: Generation, last_failure: GenerateFailed | None = None) -> 
             hop.end()
         stage = "hop"
     else:
-        gen.phase = phases.DISPATCH
-        gen.stream = await open_stream(ctx, request, ctx.queue)
+        att.phase = phases.DISPATCH
+        att.stream = await open_stream(ctx, request, ctx.queue)
         stage = "dispatch"
     if deps.timer is not None:
         deps.timer.add(stage, time.perf_counter() - t0)
-    gen.live = True
-    gen.phase = phases.STREAM
-    gen.last = asyncio.get_running_loop().time()
+    att.live = True
+    att.phase = phases.STREAM
+    att.last = asyncio.get_running_loop().time()
 
 
 async def _split(gen: Generation, others: list[ChoiceOutput]) -> None:
@@ -206,23 +202,24 @@ async def _split(gen: Generation, others: list[ChoiceOutput]) -> None:
 
 
 def _dispatch_span(
-    gen: Generation, request: GenerateRequest, pair: tuple[Instance, Instance] | None
+    att: Attempt, request: GenerateRequest, pair: tuple[Instance, Instance] | None
 ) -> GenerateRequest:
     """Start the attempt's dispatch and first_token spans; the request then carries the
     dispatch span's context to the engine."""
-    trace = gen.ctx.trace
+    ctx = att.gen.ctx
+    trace = ctx.trace
     assert trace is not None
-    instance = gen.ctx.deps.instances().get(request.instance_id)
-    span = gen.span = trace.span(
+    instance = ctx.deps.instances().get(request.instance_id)
+    span = att.span = trace.span(
         "dispatch",
         **{
             "switchyard.engine_request_id": request.request_id,
             "switchyard.worker": instance.url if instance is not None else "",
-            "switchyard.attempt": gen.placement.attempt,
+            "switchyard.attempt": att.gen.placement.attempt,
             "switchyard.prefill_worker": pair[0].url if pair is not None else "",
         },
     )
-    gen.first_span = trace.span("first_token", span)
+    att.first_span = trace.span("first_token", span)
     return msgspec.structs.replace(request, traceparent=trace.traceparent(span))
 
 
@@ -239,55 +236,60 @@ async def open_stream(
 # ---- STREAM -> DONE ----------------------------------------------------------------------
 
 
-async def first_token(gen: Generation) -> None:
+async def first_token(att: Attempt) -> None:
     """The client has this attempt's first token: the router frees its prefill booking."""
-    if not gen.live:
+    if not att.live:
         return
-    if gen.first_span is not None:
-        gen.first_span.end()
-        gen.first_span = None
-    await gen.ctx.deps.router.progress(
-        gen.attempt_id, gen.instance_id, STAGE_FIRST_TOKEN, final=False
-    )
+    if att.first_span is not None:
+        att.first_span.end()
+        att.first_span = None
+    await att.gen.ctx.deps.router.progress(att.id, att.instance_id, STAGE_FIRST_TOKEN, final=False)
 
 
 async def done(gen: Generation) -> None:
     """The engine sent its final message for every choice of this attempt."""
-    if gen.stream is not None:
-        gen.stream.close()
-    await _end(gen)
+    att = gen.attempt
+    assert att is not None
+    if att.stream is not None:
+        att.stream.close()
+    await _end(att)
 
 
 async def stop(gen: Generation) -> None:
-    """The request no longer needs this attempt (stop strings, client gone, error)."""
-    if gen.live and gen.stream is not None:
-        await gen.stream.cancel()
-    await _end(gen)
+    """The request no longer needs this generation's attempt (stop strings, client gone,
+    error)."""
+    att = gen.attempt
+    if att is None:
+        return
+    if att.live and att.stream is not None:
+        await att.stream.cancel()
+    await _end(att)
 
 
-def _end_spans(gen: Generation, failure: GenerateFailed | None = None) -> None:
-    trace = gen.ctx.trace
+def _end_spans(att: Attempt, failure: GenerateFailed | None = None) -> None:
+    trace = att.gen.ctx.trace
     assert trace is not None
-    for span in (gen.first_span, gen.span):
+    for span in (att.first_span, att.span):
         if span is None:
             continue
         if failure is not None:
             trace.fail(span, failure.kind, failure.message)
         else:
             span.end()
-    gen.first_span = gen.span = None
+    att.first_span = att.span = None
 
 
-async def _end(gen: Generation) -> None:
-    if gen.span is not None:
-        _end_spans(gen)
-    if gen.phase != phases.FAILED:
-        gen.phase = phases.DONE
-    if not gen.live:
+async def _end(att: Attempt) -> None:
+    if att.span is not None:
+        _end_spans(att)
+    if att.phase != phases.FAILED:
+        att.phase = phases.DONE
+    if not att.live:
         return
-    gen.live = False
-    gen.ctx.attempts.pop(gen.attempt_id, None)
-    await gen.ctx.deps.router.progress(gen.attempt_id, gen.instance_id, STAGE_FINISHED, final=True)
+    att.live = False
+    ctx = att.gen.ctx
+    ctx.attempts.pop(att.id, None)
+    await ctx.deps.router.progress(att.id, att.instance_id, STAGE_FINISHED, final=True)
 
 
 # ---- STREAM -> FAILED -> migrate | start over | fail --------------------------------------
@@ -297,11 +299,13 @@ async def fail(gen: Generation, failure: GenerateFailed) -> CannotResume | None:
     """An attempt failed: returns None once the next attempt runs (migrated), a
     CannotResume when only starting the request over could help; raises when the request
     fails."""
-    gen.phase = phases.FAILED
-    if isinstance(gen.stream, HopStream):
-        failure = gen.stream.blame(failure)
-    if gen.span is not None:
-        _end_spans(gen, failure)
+    att = gen.attempt
+    assert att is not None
+    att.phase = phases.FAILED
+    if isinstance(att.stream, HopStream):
+        failure = att.stream.blame(failure)
+    if att.span is not None:
+        _end_spans(att, failure)
     await stop(gen)
     ctx = gen.ctx
     left = gen.left()
@@ -312,7 +316,7 @@ async def fail(gen: Generation, failure: GenerateFailed) -> CannotResume | None:
     tokens = sum(len(c.generated) for c in left)
     log.warning(
         "migrating request_id=%s from instance_id=%d kind=%s after %d tokens: %s",
-        gen.attempt_id,
+        att.id,
         failure.instance_id,
         failure.kind,
         tokens,
@@ -367,7 +371,7 @@ async def generate(ctx: RequestContext, placement: Placement | None = None) -> N
     on, the engines that failed it avoided)."""
     fanout.generations(ctx, placement)
     for gen in list(ctx.generations):  # a start may add generations (split choices)
-        if gen.phase == phases.IDLE:
+        if gen.attempt is None:
             await start(gen)
     raise_if_past_deadline(ctx)
     ctx.sink = answer.sink_for(ctx)
@@ -426,9 +430,9 @@ async def stream(ctx: RequestContext) -> None:
 
 async def _report(loop: TokenLoop) -> None:
     """A batch's first tokens and ends, once its output went to the client."""
-    for gen, attempt_id in loop.firsts:
-        if gen.attempt_id == attempt_id:  # (not one that failed since)
-            await first_token(gen)
+    for att in loop.firsts:
+        if att.gen.attempt is att:  # (not one that failed since)
+            await first_token(att)
     loop.firsts.clear()
     for gen in loop.ended:
         await done(gen)

@@ -24,7 +24,7 @@ from switchyard.preprocessor.parsers.types import EMPTY
 from switchyard.preprocessor.prefill_hop import HopStream
 from switchyard.preprocessor.stages.choice import ChoiceOutput
 from switchyard.preprocessor.stages.context import RequestContext, Sink
-from switchyard.preprocessor.stages.generation import Generation
+from switchyard.preprocessor.stages.generation import Attempt, Generation
 from switchyard.preprocessor.stages.logprobs import chat_entries
 from switchyard.preprocessor.stages.watchdog import Watchdog
 from switchyard.protos.messages import (
@@ -119,7 +119,7 @@ class TokenLoop:
         self.watchdog.arm()
         self._last_tokens_at = 0.0
         # The events of the batches applied since the lifecycle last took them:
-        self.firsts: list[tuple[Generation, str]] = []  # (generation, its attempt id)
+        self.firsts: list[Attempt] = []
         self.ended: list[Generation] = []
         self.stopped: list[Generation] = []
         self.failures: Failures = []
@@ -138,9 +138,10 @@ class TokenLoop:
         sink = self._sink
         got_tokens = False
         for reply in items:
-            gen = attempts.get(reply.request_id)
-            if gen is None:
+            att = attempts.get(reply.request_id)
+            if att is None:
                 continue  # an attempt that ended (migrated, stopped)
+            gen = att.gen
             kind = type(reply)
             if kind is GenerateFailed:
                 if gen.unfinished:  # (else its choices are done: it is being stopped)
@@ -157,7 +158,7 @@ class TokenLoop:
                 if kind is GenerateFinished:
                     self._finished(gen, choice, reply)
                 continue
-            gen.last = now
+            att.last = now
             if choice.replay_at >= 0:  # a migrated constrained output, coming again
                 reply = _past_replay(gen, choice, reply)
                 if reply is None:
@@ -170,10 +171,10 @@ class TokenLoop:
             if not ids:
                 continue
             choice.generated += ids
-            if not gen.whole:  # a whole reply's time is no first token's, no ITL
+            if not att.whole:  # a whole reply's time is no first token's, no ITL
                 got_tokens = True
-            if not gen.got_tokens:
-                self._first(gen)
+            if not att.got_tokens:
+                self._first(att)
             if choice.parser is None:
                 text = choice.text(ids)
                 if text:
@@ -191,12 +192,12 @@ class TokenLoop:
                     self.stopped.append(gen)
         return got_tokens
 
-    def _first(self, gen: Generation) -> None:
+    def _first(self, att: Attempt) -> None:
         """The attempt's first token."""
-        gen.got_tokens = True
-        if isinstance(gen.stream, HopStream):
-            gen.stream.started = True
-        self.firsts.append((gen, gen.attempt_id))
+        att.got_tokens = True
+        if isinstance(att.stream, HopStream):
+            att.stream.started = True
+        self.firsts.append(att)
         self.watchdog.arm()  # its deadline is now the (shorter) gap timeout
 
     def _finished(self, gen: Generation, choice: ChoiceOutput, reply: GenerateFinished) -> None:
@@ -243,9 +244,10 @@ class TokenLoop:
             raise end
         if not self._ctx.queue.empty():
             return None
-        late = [(gen, gen.silent(watchdog.timeout(gen))) for gen in watchdog.overdue()]
-        for gen, _ in late:
-            self._ctx.attempts.pop(gen.attempt_id, None)
+        overdue = watchdog.overdue()
+        for att in overdue:
+            self._ctx.attempts.pop(att.id, None)
+        late = [(att.gen, att.silent(watchdog.timeout(att))) for att in overdue]
         if not late:
             watchdog.arm()
         return late

@@ -26,7 +26,7 @@ from switchyard.preprocessor.errors import (
 from switchyard.preprocessor.reply_queue import ReplyQueue
 
 if TYPE_CHECKING:
-    from switchyard.preprocessor.stages.generation import Generation
+    from switchyard.preprocessor.stages.generation import Attempt, Generation
 
 
 class Shutdown:
@@ -88,16 +88,19 @@ class Watchdog:
             if shutdown.ended:
                 self.end_now(ShuttingDownError())
 
-    def timeout(self, gen: Generation) -> float:
-        if gen.whole:
-            return self._first + self._gap * gen.sampling.max_tokens
-        return self._gap if gen.got_tokens else self._first
+    def timeout(self, att: Attempt) -> float:
+        if att.whole:
+            return self._first + self._gap * att.gen.sampling.max_tokens
+        return self._gap if att.got_tokens else self._first
 
-    def deadline(self, gen: Generation) -> float:
-        return gen.last + self.timeout(gen)
+    def deadline(self, att: Attempt) -> float:
+        return att.last + self.timeout(att)
+
+    def _live(self) -> list[Attempt]:
+        return [a for g in self._gens if (a := g.attempt) is not None and a.live]
 
     def _earliest(self) -> float | None:
-        times = [self.deadline(g) for g in self._gens if g.live]
+        times = [self.deadline(a) for a in self._live()]
         if self._end_at is not None:
             times.append(self._end_at)
         return min(times) if times else None
@@ -134,9 +137,9 @@ class Watchdog:
             return DeadlineExceededError(self._timeout)
         return None
 
-    def overdue(self) -> list[Generation]:
+    def overdue(self) -> list[Attempt]:
         now = self._loop.time()
-        return [g for g in self._gens if g.live and self.deadline(g) <= now]
+        return [a for a in self._live() if self.deadline(a) <= now]
 
     def cancel(self) -> None:
         if self._handle is not None:

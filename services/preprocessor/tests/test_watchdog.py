@@ -13,21 +13,21 @@ from switchyard.preprocessor.stages.watchdog import Shutdown, Watchdog
 def attempt(
     last: float, got_tokens: bool = True, whole: bool = False, max_tokens: int = 16
 ) -> SimpleNamespace:
-    sampling = SimpleNamespace(max_tokens=max_tokens)
-    return SimpleNamespace(
-        live=True, got_tokens=got_tokens, last=last, whole=whole, sampling=sampling
-    )
+    """A live attempt; its generation (what the watchdog watches) is `.gen`."""
+    att = SimpleNamespace(live=True, got_tokens=got_tokens, last=last, whole=whole)
+    att.gen = SimpleNamespace(sampling=SimpleNamespace(max_tokens=max_tokens), attempt=att)
+    return att
 
 
 class TestWatchdog:
     async def test_silent_attempt_is_overdue(self):
         loop = asyncio.get_running_loop()
         queue = ReplyQueue()
-        gen = attempt(loop.time())
-        watchdog = Watchdog(queue, [gen], 60.0, 0.05)
+        att = attempt(loop.time())
+        watchdog = Watchdog(queue, [att.gen], 60.0, 0.05)
         watchdog.arm()
         await asyncio.wait_for(queue.wait(), 10)  # woken by the timer
-        assert watchdog.expired and watchdog.overdue() == [gen]
+        assert watchdog.expired and watchdog.overdue() == [att]
         assert watchdog.end_error() is None  # the request itself has no deadline
         watchdog.cancel()
 
@@ -37,7 +37,7 @@ class TestWatchdog:
         queue = ReplyQueue()
         now = loop.time()
         whole = attempt(now - 30.0, got_tokens=False, whole=True)
-        watchdog = Watchdog(queue, [whole], 1.0, 2.0)
+        watchdog = Watchdog(queue, [whole.gen], 1.0, 2.0)
         watchdog.arm()
         assert watchdog.overdue() == [] and watchdog.deadline(whole) == now + 3.0
         whole.last = now - 34.0
@@ -47,8 +47,8 @@ class TestWatchdog:
     async def test_deadline_wakes_the_loop_and_ends_the_request(self):
         loop = asyncio.get_running_loop()
         queue = ReplyQueue()
-        gen = attempt(loop.time())  # busy: its gap timeout is far away
-        watchdog = Watchdog(queue, [gen], 60.0, 60.0, end_at=loop.time() + 0.05, timeout=7.0)
+        att = attempt(loop.time())  # busy: its gap timeout is far away
+        watchdog = Watchdog(queue, [att.gen], 60.0, 60.0, end_at=loop.time() + 0.05, timeout=7.0)
         watchdog.arm()
         assert watchdog.end_error() is None
         await asyncio.wait_for(queue.wait(), 10)
@@ -70,7 +70,9 @@ class TestWatchdog:
         loop = asyncio.get_running_loop()
         shutdown = Shutdown()
         queues = [ReplyQueue(), ReplyQueue()]
-        dogs = [Watchdog(q, [attempt(loop.time())], 60.0, 60.0, shutdown=shutdown) for q in queues]
+        dogs = [
+            Watchdog(q, [attempt(loop.time()).gen], 60.0, 60.0, shutdown=shutdown) for q in queues
+        ]
         for dog in dogs:
             dog.arm()
         waits = [asyncio.create_task(q.wait()) for q in queues]
