@@ -242,7 +242,7 @@ def main() -> None:
         "--framing",
         choices=["", "h2"],
         default="",
-        help="h2: the h2 library does the HTTP/2 framing (pip install h2), no relay",
+        help="h2: the h2 library does the HTTP/2 framing (the bench extra), no relay",
     )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
