@@ -7,6 +7,9 @@ Where the output starts decides the mode, per request (`ReasoningFormat.parser`)
 - the prompt ends with `<think>` (the template opened the block) or the family always
   reasons first (DeepSeek-R1): the output starts inside the reasoning (a `<think>` the
   model writes anyway is dropped);
+- otherwise, for a family the switch decides (DeepSeek-V3.1, whose template opens or closes
+  the block by it; another template may do neither): reasoning first when the switch is on,
+  none when off or not given;
 - otherwise the output is reasoning only if it opens with `<think>` (Qwen3).
 The reasoning ends at `</think>` or, for families whose models may call a tool straight
 from their thinking, at the tool-call marker (which then starts the content). Whitespace
@@ -156,6 +159,10 @@ class ReasoningFormat:
     end: str = "</think>"
     # The model reasons first even when the prompt does not open the block (DeepSeek-R1).
     forced: bool = False
+    # The request's thinking switch decides when the template neither opens nor closes the
+    # block (DeepSeek-V3.1's does both): on, the output starts inside the reasoning; off or
+    # not given, nothing is reasoning. vLLM's deepseek_v3 parser does the same.
+    by_switch: bool = False
     # Markers that end the reasoning and begin the content (a tool call from the thinking).
     exits: tuple[str, ...] = ()
     # chat_template_kwargs that switch thinking on or off.
@@ -165,10 +172,15 @@ class ReasoningFormat:
         self, prompt: str = "", chat_template_kwargs: Mapping[str, Any] | None = None
     ) -> ReasoningParser | None:
         """The parser for one request, given its rendered prompt; None: nothing to split."""
-        if thinking_requested(chat_template_kwargs, self.switches) is False:
+        requested = thinking_requested(chat_template_kwargs, self.switches)
+        if requested is False:
             return None
         tail = prompt.rstrip(WHITESPACE)
         opened = tail.endswith(self.start)
         if not opened and tail.endswith(self.end):
             return None  # the template closed the block: thinking is off
+        if self.by_switch and not opened:
+            if not requested:
+                return None
+            opened = True
         return ReasoningParser(self.start, self.end, opened=opened or self.forced, exits=self.exits)

@@ -49,8 +49,9 @@ _TOOL_ALIASES = {"deepseekv3": "deepseek_v3", "deepseekv31": "deepseek_v31", "qw
 REASONING_FORMATS: dict[str, ReasoningFormat] = {
     # R1 reasons first whether or not its template opens the block.
     "deepseek_r1": ReasoningFormat("deepseek_r1", forced=True, exits=(CALLS_BEGIN,)),
-    # V3.1 reasons only when its template opens the block (chat_template_kwargs thinking).
-    "deepseek_v31": ReasoningFormat("deepseek_v31", exits=(CALLS_BEGIN,)),
+    # V3.1 reasons only when thinking is switched on (chat_template_kwargs thinking): its
+    # template then opens the block (and closes it when off).
+    "deepseek_v31": ReasoningFormat("deepseek_v31", by_switch=True, exits=(CALLS_BEGIN,)),
     "qwen3": ReasoningFormat("qwen3"),
     "kimi_k2": ReasoningFormat("kimi_k2"),
 }

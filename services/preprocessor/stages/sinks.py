@@ -342,8 +342,8 @@ class CollectSink:
         calls = choice.parser.calls if choice.parser is not None else []
         if calls:
             message["tool_calls"] = [call.to_openai() for call in calls]
-            if not message["content"]:
-                message["content"] = None
+        if (calls or got.reasoning) and not message["content"]:
+            message["content"] = None  # no answer besides them (vLLM's server: null too)
         return {
             "index": choice.index,
             "message": message,

@@ -136,6 +136,19 @@ class TestDeepSeekV31:
             maker(choice(V31), prompt), text, ("4", "Simple sum.", ()), tokenizer=bundle
         )
 
+    def test_a_template_that_neither_opens_nor_closes_the_block(self) -> None:
+        """The switch decides, as vLLM's deepseek_v3 parser does (found on a real engine:
+        DeepSeek-V3's template under the deepseek_v3 parser name): on, the output starts
+        inside the reasoning, markup or not; off or not given, all of it is content."""
+        prompt = "<｜User｜>hi<｜Assistant｜>"
+        make = maker(choice(V31), prompt, chat_template_kwargs={"thinking": True})
+        marked = collect(make(False), "<think>why</think>so")
+        assert (marked.content, marked.reasoning) == ("so", "why")
+        bare = collect(make(False), "why")
+        assert (bare.content, bare.reasoning) == ("", "why")
+        assert V31.parser(prompt) is None
+        assert V31.parser(prompt, {"thinking": False}) is None
+
 
 class TestConstrainedAfterReasoning:
     def test_required_calls_follow_the_reasoning(self) -> None:
