@@ -3,7 +3,7 @@
 - `grpc_a`: gRPC mode, KV events on its own ZMQ publisher (`tcp://*:P`, with replay);
 - `grpc_b`: gRPC mode, no ZMQ publisher: the router follows its SubscribeKvEvents stream;
 - `http_c`: vLLM's own OpenAI HTTP server (`vllm serve` without --grpc), for side-by-side
-  answers. Same model, same build, same flags.
+  answers. Same model, same build, same flags (and its parsers, for the parser tests).
 
 They start side by side (~4 GB each; at most three at once on our 24 GB machines) and every
 engine process is stopped at the end of the session, also when a test or a start fails.
@@ -75,13 +75,24 @@ def engine_set(vllm_python: Path, model: Path) -> Iterator[EngineSet]:
         found.start("a", grpc_mode=True, kv_events=True)
         found.start("b", grpc_mode=True)
         # vLLM's server takes a named tool_choice only with auto tool choice and a tool
-        # parser (they act only on requests that carry tools).
+        # parser (they act only on requests that carry tools). Its deepseek_v3 reasoning
+        # parser splits only requests that switch thinking on (chat_template_kwargs), the
+        # others are answered as without it; `enable_in_reasoning` keeps a structured
+        # output's grammar on from the first token, as on the gRPC engines (no parser).
         found.start(
             "c",
             grpc_mode=False,
-            extra_args=("--enable-auto-tool-choice", "--tool-call-parser", "deepseek_v3"),
+            extra_args=(
+                "--enable-auto-tool-choice",
+                "--tool-call-parser",
+                "deepseek_v3",
+                "--reasoning-parser",
+                "deepseek_v3",
+                "--structured-outputs-config",
+                '{"enable_in_reasoning": true}',
+            ),
         )
-        with ThreadPoolExecutor(3) as pool:
+        with ThreadPoolExecutor(len(found.all)) as pool:
             for done in [pool.submit(e.wait_ready) for e in found.all.values()]:
                 done.result()
         yield found
