@@ -1,11 +1,13 @@
-"""Session fixtures of the real-engine suite: three real vLLM engines, shared by every test.
+"""Session fixtures of the real-engine suite: four real vLLM engines, shared by every test.
 
 - `grpc_a`: gRPC mode, KV events on its own ZMQ publisher (`tcp://*:P`, with replay);
 - `grpc_b`: gRPC mode, no ZMQ publisher: the router follows its SubscribeKvEvents stream;
 - `http_c`: vLLM's own OpenAI HTTP server (`vllm serve` without --grpc), for side-by-side
-  answers. Same model, same build, same flags (and its parsers, for the parser tests).
+  answers. Same model, same build, same flags (and its parsers, for the parser tests);
+- `grpc_e`: gRPC mode, the same model as an embedding model (`--runner pooling --convert
+  embed`, served as `tiny-embed`).
 
-They start side by side (~4 GB each; at most three at once on our 24 GB machines) and every
+They start side by side (~4 GB each at their peak; the session peaks at ~16 GB) and every
 engine process is stopped at the end of the session, also when a test or a start fails.
 `stack` is `switchyard up` in front of the two gRPC engines. Tests that kill an engine
 (test_zz_faults.py) run last and restart it.
@@ -92,6 +94,14 @@ def engine_set(vllm_python: Path, model: Path) -> Iterator[EngineSet]:
                 '{"enable_in_reasoning": true}',
             ),
         )
+        # The same model as an embedding model (vLLM's pooling runner, its default pooler
+        # for a converted model), for /v1/embeddings over the servicer's Embed.
+        found.start(
+            "e",
+            grpc_mode=True,
+            extra_args=("--runner", "pooling", "--convert", "embed"),
+            served_name=engines.EMBED_MODEL,
+        )
         with ThreadPoolExecutor(len(found.all)) as pool:
             for done in [pool.submit(e.wait_ready) for e in found.all.values()]:
                 done.result()
@@ -108,6 +118,11 @@ def grpc_a(engine_set: EngineSet) -> engines.Engine:
 @pytest.fixture(scope="session")
 def grpc_b(engine_set: EngineSet) -> engines.Engine:
     return engine_set.all["b"]
+
+
+@pytest.fixture(scope="session")
+def grpc_e(engine_set: EngineSet) -> engines.Engine:
+    return engine_set.all["e"]
 
 
 @pytest.fixture(scope="session")

@@ -35,6 +35,7 @@ import engine_venv as venv  # noqa: E402
 from switchyard.common.ports import free_port  # noqa: E402
 
 MODEL_NAME = "tiny-llama"
+EMBED_MODEL = "tiny-embed"  # the same model under the pooling runner
 VLLM_SERVICE = "vllm.grpc.engine.VllmEngine"
 BLOCK_SIZE = 128  # vLLM's block size on CPU
 START_TIMEOUT = float(os.environ.get("SWITCHYARD_ENGINE_START_TIMEOUT", "900"))
@@ -97,6 +98,7 @@ class Engine:
     grpc: bool
     with_kv_events: bool
     extra_args: tuple[str, ...] = ()
+    served_name: str = MODEL_NAME
     port: int = 0
     kv_events: str | None = None  # tcp://127.0.0.1:P, the engine's PUB socket
     kv_replay: str | None = None
@@ -122,7 +124,8 @@ class Engine:
                 self.kv_events, self.kv_replay = f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{rep}"
         argv = [
             str(self.python), str(HERE / "vllm_launcher.py"), "serve", str(self.model),
-            "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(self.port),
+            "--served-model-name", self.served_name,
+            "--host", "127.0.0.1", "--port", str(self.port),
             "--dtype", "float32", "--max-model-len", "2048", "--enable-prefix-caching",
             "--seed", "0", *self.extra_args,
         ]  # fmt: skip
@@ -222,8 +225,9 @@ def start(
     grpc_mode: bool = True,
     kv_events: bool = False,
     extra_args: tuple[str, ...] = (),
+    served_name: str = MODEL_NAME,
 ) -> Engine:
     """Start one engine (not waiting for readiness: engines start side by side)."""
-    engine = Engine(name, python, model, grpc_mode, kv_events, extra_args)
+    engine = Engine(name, python, model, grpc_mode, kv_events, extra_args, served_name)
     engine.launch()
     return engine
