@@ -5,7 +5,9 @@ folder), sends the same fixed requests (chat and completions, streamed and not, 
 logprobs, stop strings, echo, JSON mode, the Responses API, errors), and compares the
 response bodies with what must differ masked: ids and timestamps. The mock engines run slow
 steps (--itl-ms, 40 ms by default) so that each token arrives alone and the streams' chunk
-boundaries do not depend on the machine's load. Both engine protocols (SGLang, vLLM).
+boundaries do not depend on the machine's load, and the dispatchers hold no reply back for a
+reply window (`--reply-window-ms=0`, where the checkout has it): a window of a few ms merges
+tokens that a stalled engine sends late into one chunk. Both engine protocols (SGLang, vLLM).
 
     python tools/compare_outputs.py --ref ../before     # that checkout vs this one
     python tools/compare_outputs.py --ref ../before --mask conversation
@@ -86,6 +88,8 @@ def answers(checkout: Path, protocol: str, itl_ms: float, fields: list[str]) -> 
         argv = [str(checkout / ".venv" / "bin" / "python"), "-m", "switchyard", "up"]
         argv += ["--mock-engines", protocol, "--mock-itl-ms", str(itl_ms), "--http-port", "0"]
         argv += ["--log-level", "WARNING", "--ready-file", str(ready)]
+        if "--reply-window-ms" in (checkout / "services/dispatcher/cli.py").read_text():
+            argv.append("--dispatcher-arg=--reply-window-ms=0")
         # From the checkout's folder: `python -m` puts the working directory first on sys.path.
         proc = subprocess.Popen(
             argv, cwd=checkout, start_new_session=True,
