@@ -10,6 +10,11 @@ Both sides run the same parser names: vLLM's server `--reasoning-parser deepseek
 deepseek_v3`; Switchyard `--reasoning-parser tiny-llama=deepseek_v3` (its own stack over
 engine b) and the tool parser it guesses from the DeepSeek-V3 template. The differences the
 tests pin are documented in docs/real-engines.md ("Reasoning and tool-call parsers").
+
+The reference is vLLM's whole (not streamed) answer, for Switchyard's streamed answer too:
+vLLM's streaming parsers see the deltas its engine happened to batch, which vary with the
+machine's speed (on a loaded machine one run streamed a call after the reasoning with empty
+arguments); Switchyard's streamed answer must be its whole one, however the tokens come.
 """
 
 from __future__ import annotations
@@ -172,7 +177,7 @@ class TestReasoningParser:
     @pytest.mark.parametrize("case", sorted(CASES))
     def test_split_as_vllms_server_does(self, ours, http_c, case, stream):
         body, normalize = CASES[case]
-        mine, vllm = ask(ours.base_url, body, stream), ask(http_c.url, body, stream)
+        mine, vllm = ask(ours.base_url, body, stream), ask(http_c.url, body, False)
         if normalize is not None:
             assert mine != vllm  # the documented difference shows (else drop it)
             mine, vllm = normalize(mine), normalize(vllm)
@@ -216,7 +221,7 @@ class TestToolCallParser:
     @pytest.mark.parametrize("case", sorted(TOOL_CASES))
     def test_calls_as_vllms_server_parses_them(self, ours, http_c, case, stream):
         body = TOOL_CASES[case]
-        mine, vllm = ask(ours.base_url, body, stream), ask(http_c.url, body, stream)
+        mine, vllm = ask(ours.base_url, body, stream), ask(http_c.url, body, False)
         same_but_the_field_name(mine, vllm)
         assert mine["finish"] == "tool_calls" and mine["tool_calls"][0][0] == "route_car"
 
