@@ -65,14 +65,19 @@ class EngineSet:
         engine.restart()
         return engine
 
-    def stop(self) -> None:
+    def stop(self, keep_logs: bool) -> None:
         for engine in self.all.values():
             engine.stop()
+            if not keep_logs:
+                engine.remove_logs()
 
 
 @pytest.fixture(scope="session")
-def engine_set(vllm_python: Path, model: Path) -> Iterator[EngineSet]:
+def engine_set(
+    request: pytest.FixtureRequest, vllm_python: Path, model: Path
+) -> Iterator[EngineSet]:
     found = EngineSet(vllm_python, model)
+    keep_logs = True  # a start that failed, or an interrupted session
     try:
         found.start("a", grpc_mode=True, kv_events=True)
         found.start("b", grpc_mode=True)
@@ -106,8 +111,10 @@ def engine_set(vllm_python: Path, model: Path) -> Iterator[EngineSet]:
             for done in [pool.submit(e.wait_ready) for e in found.all.values()]:
                 done.result()
         yield found
+        keep_logs = request.session.testsfailed > 0
     finally:
-        found.stop()
+        # The engines' logs (in the temp folder) stay for a look when something failed.
+        found.stop(keep_logs)
 
 
 @pytest.fixture(scope="session")

@@ -105,6 +105,7 @@ class Engine:
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path = field(default_factory=Path)
     launches: int = 0
+    logs: list[Path] = field(default_factory=list)  # one per launch
 
     @property
     def url(self) -> str:
@@ -141,6 +142,7 @@ class Engine:
             }
             argv += ["--kv-events-config", json.dumps(config)]
         self.log_path = Path(tempfile.mkstemp(prefix=f"vllm-{self.name}-", suffix=".log")[1])
+        self.logs.append(self.log_path)
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(
                 ["nice", "-n", "5", *argv],
@@ -211,6 +213,10 @@ class Engine:
         self.kill(signal.SIGKILL)  # the EngineCore may outlive its parent
         if self.proc.poll() is None:
             self.proc.wait()
+
+    def remove_logs(self) -> None:
+        for path in self.logs:
+            path.unlink(missing_ok=True)
 
     def restart(self) -> None:
         """The same engine started again on its ports; the caller waits for readiness."""
