@@ -106,6 +106,17 @@ async def listing(call) -> dict[str, tuple[str, str]]:
     return {w.url: (w.source, w.state) for w in (await call("list")).workers}
 
 
+async def listing_becomes(call, expected: dict[str, tuple[str, str]]) -> None:
+    """The listing reaches `expected` (a worker taken over or resumed is probed first)."""
+    seen: dict[str, tuple[str, str]] = {}
+    try:
+        async with asyncio.timeout(20.0):
+            while (seen := await listing(call)) != expected:
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        raise AssertionError(f"listing {seen} never became {expected}") from None
+
+
 class TestStateFile:
     async def test_what_is_written_is_read_back(self, tmp_path):
         big = 2**64 - 5  # instance ids are unsigned 64-bit
@@ -185,7 +196,7 @@ class TestAdminChangesSurvive:
             assert (await call("resume", FLAGGED)).status == 200
             assert (await call("remove", ADDED)).status == 200
         async with running(service(path, Prober())) as call:
-            assert await listing(call) == {FLAGGED: ("flag", "ready")}
+            await listing_becomes(call, {FLAGGED: ("flag", "ready")})
 
     async def test_the_workers_file_takes_over_a_stored_entry(self, tmp_path):
         path = tmp_path / "fleet.sqlite"
@@ -196,7 +207,7 @@ class TestAdminChangesSurvive:
         workers.write_text(yaml.safe_dump([ADDED]))  # the operator lists it meanwhile
         fleet = service(path, Prober(), workers=(), file=workers)
         async with running(fleet) as call:
-            assert await listing(call) == {ADDED: ("file", "ready")}
+            await listing_becomes(call, {ADDED: ("file", "ready")})
             assert (await call("remove", ADDED)).status == 409  # the file's
         with sqlite3.connect(path) as db:
             assert db.execute("SELECT count(*) FROM admin_workers").fetchone() == (0,)
