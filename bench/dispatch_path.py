@@ -27,13 +27,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from harness import callgrind_instructions
 
 HERE = Path(__file__).resolve().parent
 
@@ -219,18 +218,9 @@ def _child(streams: int, tokens: int, rounds: int, mode: str) -> None:
 
 
 def instructions(python: str, streams: int, tokens: int, rounds: int, mode: str = "") -> int:
-    with tempfile.TemporaryDirectory(prefix="dispatch-path-") as tmp:
-        out = Path(tmp) / "callgrind.out"
-        argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
-        argv += [python, str(Path(__file__)), "--child", str(streams), str(tokens), str(rounds)]
-        argv += [mode] if mode else []
-        # A fixed hash seed: dict and set layouts, hence instruction counts, repeat exactly.
-        env = {**os.environ, "PYTHONHASHSEED": "0"}
-        done = subprocess.run(argv, capture_output=True, text=True, env=env)
-        found = re.search(r"Collected : (\d+)", done.stderr)
-        if done.returncode != 0 or found is None:
-            raise RuntimeError(f"callgrind run failed: {done.stderr[-2000:]}")
-        return int(found.group(1))
+    argv = [python, str(Path(__file__)), "--child", str(streams), str(tokens), str(rounds)]
+    argv += [mode] if mode else []
+    return callgrind_instructions(argv, "dispatch-path-")
 
 
 def main() -> None:

@@ -35,14 +35,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from harness import callgrind_instructions
 
 MODES = ("h2", "own-py", "own-c", "own-c-relay")
 RID = "chatcmpl-" + "0" * 32
@@ -157,17 +156,8 @@ def _child(mode: str, streams: int, tokens: int) -> None:
 
 
 def instructions(python: str, mode: str, streams: int, tokens: int) -> int:
-    with tempfile.TemporaryDirectory(prefix="h2-framing-") as tmp:
-        out = Path(tmp) / "callgrind.out"
-        argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
-        argv += [python, str(Path(__file__)), "--child", mode, str(streams), str(tokens)]
-        # A fixed hash seed: dict and set layouts, hence instruction counts, repeat exactly.
-        env = {**os.environ, "PYTHONHASHSEED": "0"}
-        done = subprocess.run(argv, capture_output=True, text=True, env=env)
-        found = re.search(r"Collected : (\d+)", done.stderr)
-        if done.returncode != 0 or found is None:
-            raise RuntimeError(f"callgrind run failed: {done.stderr[-2000:]}")
-        return int(found.group(1))
+    argv = [python, str(Path(__file__)), "--child", mode, str(streams), str(tokens)]
+    return callgrind_instructions(argv, "h2-framing-")
 
 
 def per_token_instructions(args: argparse.Namespace, modes: list[str], streams: int) -> dict:

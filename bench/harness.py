@@ -6,6 +6,8 @@ file (`started`); no port is picked here and bound by a child."""
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -83,3 +85,17 @@ def stack(*up_args: str) -> Iterator[str]:
         yield base
     finally:
         stop(proc)
+
+
+def callgrind_instructions(argv: Sequence[str], prefix: str) -> int:
+    """Instructions callgrind counts for `argv` (a Python child of a benchmark)."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        out = Path(tmp) / "callgrind.out"
+        full = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *argv]
+        # A fixed hash seed: dict and set layouts, hence instruction counts, repeat exactly.
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        done = subprocess.run(full, capture_output=True, text=True, env=env)
+        found = re.search(r"Collected : (\d+)", done.stderr)
+        if done.returncode != 0 or found is None:
+            raise RuntimeError(f"callgrind run failed: {done.stderr[-2000:]}")
+        return int(found.group(1))
