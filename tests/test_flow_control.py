@@ -405,9 +405,12 @@ def test_one_limit_for_two_preprocessors_and_a_router_that_dies():
             assert locally == 6
             # Requests go through the new router's gate again.
             assert set(asyncio.run(load(4, 4))) == {200}
-            assert (
-                _flow(base)["preprocessor"]["gate"]
-                == stack.report()["children"]["router-0"]["bind"]
+            router = stack.report()["children"]["router-0"]["bind"]
+            # A preprocessor goes back to the router's gate once it sees it live again.
+            wait_until(
+                lambda: _flow(base)["preprocessor"]["gate"] == router,
+                timeout=30,
+                what="the preprocessor back on the router's gate",
             )
     finally:
         path.unlink()
