@@ -14,7 +14,9 @@ lower bound that costs no tokenization (a 31 MB prompt is refused in microsecond
 prompt that passes it is tokenized in growing prefixes (cut at a space) and refused as soon
 as a prefix alone holds more tokens than the budget.
 
-Long texts are tokenized on a worker thread through `encode_batch_fast`, which releases the
+**Pre-tokens.** Short plain ASCII pieces are tokenized from cached pre-tokens where the
+tokenizer's pre-tokenizer is one pretokens.py spells (the same ids for a quarter of the CPU);
+long texts are tokenized on a worker thread through `encode_batch_fast`, which releases the
 GIL.
 """
 
@@ -27,6 +29,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from tokenizers import Tokenizer, decoders
+
+from .pretokens import PreTokenCache
 
 CACHE_CHARS = 32 * 1024 * 1024  # characters of segment text kept with their ids
 MIN_CACHED_CHARS = 16  # shorter pieces are cheaper to tokenize than to keep
@@ -107,6 +111,7 @@ class PromptEncoder:
         self._split = (
             re.compile("(" + "|".join(re.escape(t) for t in tokens) + ")").split if tokens else None
         )
+        self.pretokens = PreTokenCache.of(tokenizer)  # None: every piece through encode
         self.hits = 0  # pieces found in the cache (tests and benchmarks read these)
         self.misses = 0
 
@@ -149,8 +154,8 @@ class PromptEncoder:
             try:
                 if missing_chars >= offload_chars:
                     encoded = await asyncio.to_thread(self._encode_checked, texts, budget)
-                else:
-                    encoded = self._encode_checked(texts, budget)
+                else:  # (the pre-token cache is the event loop's alone)
+                    encoded = self._encode_checked(texts, budget, self.pretokens)
             except PromptTooLong as exc:
                 raise PromptTooLong(known_tokens + exc.tokens) from None
             for i, ids in zip(missing, encoded, strict=True):
@@ -172,14 +177,25 @@ class PromptEncoder:
         if at_least > limit:
             raise PromptTooLong(at_least)
 
-    def _encode_checked(self, texts: list[str], budget: int) -> list[list[int]]:
-        """encode_batch_fast, after refusing a text whose prefix alone is over the budget (the
+    def _encode_checked(
+        self, texts: list[str], budget: int, pretokens: PreTokenCache | None = None
+    ) -> list[list[int]]:
+        """The texts' ids from `pretokens` where it takes them, the others through
+        encode_batch_fast; after refusing a text whose prefix alone is over the budget (the
         PromptTooLong counts this text's tokens only). The fast variant computes no character
         offsets, which nothing here reads: the same ids for less CPU (docs/benchmarks.md,
         "Tokenization"); it releases the GIL as encode_batch does."""
         for text in texts:
             self._check_prefixes(text, budget)
-        return [e.ids for e in self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+        if pretokens is None:
+            encoded = self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+            return [e.ids for e in encoded]
+        out = [pretokens.encode(text) for text in texts]
+        rest = [text for text, ids in zip(texts, out, strict=True) if ids is None]
+        if rest:
+            more = iter(self._tokenizer.encode_batch_fast(rest, add_special_tokens=False))
+            out = [next(more).ids if ids is None else ids for ids in out]
+        return out  # type: ignore[return-value]
 
     def _check_prefixes(self, text: str, budget: int) -> None:
         # Prefixes of 2x, 4x, ... the budget in characters; each costs what it tokenizes, so

@@ -1,0 +1,153 @@
+"""Plain ASCII text -> token ids, pre-token by pre-token from a cache (the prompt's hot path).
+
+A byte-level BPE tokenizer splits text into pre-tokens (by its pre-tokenizer's regexes) and
+runs BPE on each on its own: the ids of a text are the concatenation of its pre-tokens' ids.
+Most of the tokenizers library's time on a short prompt goes to those regexes (a 48-word chat
+prompt: ~70 us of encode, of which BPE is little; docs/benchmarks.md, "Tokenization"). Here
+the same split is spelled in Python's `re` for the one input where that is exact without
+Unicode tables (printable ASCII, tab, line breaks: letters, digits, punctuation and whitespace
+are then plain character sets), and each pre-token's ids come from a cache; the ones not yet
+seen go through the tokenizer, one batch per text.
+
+Only pre-tokenizers spelled out here take this path (KNOWN, compared whole), on tokenizers that
+add nothing around it: an identity normalizer, BPE without dropout, no truncation or padding.
+Text with another character, or with a character an added token starting in ASCII starts with
+(`<think>`, `<|EOT|>`: added tokens are split out before pre-tokenization), returns None: the
+caller encodes it as before.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from tokenizers import Tokenizer, models
+
+MAX_PIECES = 1 << 16  # pre-tokens kept; the cache starts over when full
+MAX_PIECE_CHARS = 64  # longer pre-tokens (runs of spaces, long words) are not kept
+
+# Python's `re` for ASCII, for the classes the pre-tokenizers' regexes use: \p{L} letters,
+# \p{N} digits, \p{P} and \p{S} punctuation and symbols (string.punctuation, 32 characters),
+# \p{M} none; \s is Unicode White_Space (Python's \s would add \x1c-\x1f, excluded below).
+_PUNCT = r"""!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~"""
+_SPACE = r"\t\n\x0b\x0c\r "
+
+# DeepSeek-V3 (and R1): digits in runs of up to 3, CJK runs (none in ASCII), then words.
+_DEEPSEEK_V3 = {
+    "type": "Sequence",
+    "pretokenizers": [
+        {
+            "type": "Split",
+            "pattern": {"Regex": "\\p{N}{1,3}"},
+            "behavior": "Isolated",
+            "invert": False,
+        },
+        {
+            "type": "Split",
+            "pattern": {"Regex": "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"},
+            "behavior": "Isolated",
+            "invert": False,
+        },
+        {
+            "type": "Split",
+            "pattern": {
+                "Regex": "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}"
+                "\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"
+            },
+            "behavior": "Isolated",
+            "invert": False,
+        },
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
+    ],
+}
+_DEEPSEEK_V3_WORDS = re.compile(
+    f"[{_PUNCT}][A-Za-z]+|[^\\r\\nA-Za-z{_PUNCT}]?[A-Za-z]+| ?[{_PUNCT}]+[\\r\\n]*"
+    f"|[{_SPACE}]*[\\r\\n]+|[{_SPACE}]+(?![^{_SPACE}])|[{_SPACE}]+"
+).findall
+_DIGIT_RUNS = re.compile(r"([0-9]+)").split
+
+
+def _deepseek_v3(text: str) -> list[str] | None:
+    """The pre-tokens of ASCII text without control characters; None if some text would be
+    left between them (it cannot be, for such text: kept as a check)."""
+    pieces: list[str] = []
+    for i, part in enumerate(_DIGIT_RUNS(text)):
+        if i & 1:  # a run of digits: split isolated before the words, 3 at a time from its left
+            pieces += [part[at : at + 3] for at in range(0, len(part), 3)]
+        elif part:  # the text between digit runs, split on its own (its ends are ends)
+            words = _DEEPSEEK_V3_WORDS(part)
+            if sum(map(len, words)) != len(part):
+                return None
+            pieces += words
+    return pieces
+
+
+KNOWN: list[tuple[dict[str, Any], Callable[[str], list[str] | None]]] = [
+    (_DEEPSEEK_V3, _deepseek_v3),
+]
+
+
+def _splitter(tokenizer: Tokenizer) -> Callable[[str], list[str] | None] | None:
+    if tokenizer.pre_tokenizer is None or tokenizer.truncation or tokenizer.padding:
+        return None
+    model = tokenizer.model
+    if not isinstance(model, models.BPE) or model.dropout:
+        return None
+    normalizer = tokenizer.normalizer
+    if normalizer is not None:
+        state = json.loads(normalizer.__getstate__())
+        if state.get("type") != "Sequence" or state.get("normalizers"):
+            return None
+    pre = json.loads(tokenizer.pre_tokenizer.__getstate__())
+    for config, split in KNOWN:
+        if pre == config:
+            return split
+    return None
+
+
+class PreTokenCache:
+    """Ids of plain ASCII texts from cached pre-tokens, for a tokenizer `of` accepts."""
+
+    def __init__(self, tokenizer: Tokenizer, split: Callable[[str], list[str] | None]) -> None:
+        self._tokenizer = tokenizer
+        self._split = split
+        self._ids: dict[str, list[int]] = {}
+        # The characters no added token's text holds and none could start (printable ASCII,
+        # tab, line breaks): the text is then one run of pre-tokens.
+        starts = {t.content[0] for t in tokenizer.get_added_tokens_decoder().values() if t.content}
+        allowed = "".join(
+            re.escape(c) for c in map(chr, [9, 10, 11, 12, 13, *range(32, 127)]) if c not in starts
+        )
+        self._plain = re.compile(f"[{allowed}]*").fullmatch
+
+    @classmethod
+    def of(cls, tokenizer: Tokenizer) -> PreTokenCache | None:
+        """The cache for this tokenizer, None if its pre-tokenizer is not one spelled here."""
+        split = _splitter(tokenizer)
+        return cls(tokenizer, split) if split is not None else None
+
+    def encode(self, text: str) -> list[int] | None:
+        """The ids of `text` (no special tokens added), None when it is not plain ASCII."""
+        if self._plain(text) is None:
+            return None
+        pieces = self._split(text)
+        if pieces is None:
+            return None
+        cache = self._ids
+        if len(cache) > MAX_PIECES:
+            cache.clear()
+        missing = [p for p in pieces if p not in cache]
+        if missing:
+            missing = list(dict.fromkeys(missing))
+            encoded = self._tokenizer.encode_batch_fast(missing, add_special_tokens=False)
+            for piece, enc in zip(missing, encoded, strict=True):
+                cache[piece] = enc.ids
+        out: list[int] = []
+        for piece in pieces:
+            out += cache[piece]
+        for piece in missing:
+            if len(piece) > MAX_PIECE_CHARS:
+                del cache[piece]
+        return out
