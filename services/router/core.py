@@ -334,7 +334,7 @@ class RouterCore:
         prefill = uncached if prefills else 0
         prefilled_at = None
         if untimed:
-            speed = self.time.speed(w.key)
+            speed = self.time.speed(w.key, now)
             ahead = self.tracker.load(w.key).prefill_tokens
             prefilled_at = now + speed.base + speed.slope * (ahead + prefill)
         self.tracker.add(
@@ -429,7 +429,7 @@ class RouterCore:
             tracker.finish(notice.request_id + PREFILL_BOOKING)
             for seen in (first, hop):
                 if seen is not None:
-                    self.time.observe(seen.key, seen.tokens, seen.seconds)
+                    self.time.observe(seen.key, seen.tokens, seen.seconds, now)
         elif notice.stage == STAGE_FINISHED:
             tracker.finish(notice.request_id)
             tracker.finish(notice.request_id + PREFILL_BOOKING)

@@ -31,26 +31,30 @@ prefix is held once, as Dynamo counts its active blocks), so a burst sharing a p
 little. The router sees prompts, not outputs: each request in flight counts `output_tokens`
 more.
 
-Speeds are learned per worker from the router's own observations (route -> first token, for
-requests prefilled where they were routed): an exponentially weighted least-squares fit of
-observed TTFT against the prefill tokens ahead of and in the request, shrunk towards the
-configured prior when the observations do not spread enough to tell slope from base. A
-worker with too few observations of its own (new, or rarely chosen) uses the fit pooled over
-every worker of the fleet, once that has enough: the prior is a guess, the fleet's engines
-are usually alike, and a new worker that looks faster (or slower) than it is draws every
-request (or none).
+Speeds are learned from the router's own observations (route -> first token, for requests
+prefilled where they were routed): an exponentially weighted least-squares fit of observed
+TTFT against the prefill tokens ahead of and in the request, shrunk towards the configured
+prior when the observations do not spread enough to tell slope from base. Each worker has
+its own slope; its fixed part is the fit pooled over the whole fleet plus the worker's own
+offset from it (`TimeModel`). A worker with too few observations of its own (new, or rarely
+chosen) is priced by the fleet's fit, once that has enough: the prior is a guess, the
+fleet's engines are usually alike, and a new worker that looks faster (or slower) than it
+is draws every request (or none).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from switchyard.router.types import WorkerKey
 
 _MIN_SAMPLES = 8
 _SPREAD = 32.0**2  # token^2: how much x-variance counts as much as the prior
 _ALPHA = 0.1  # weight of each new observation once warmed up
+_LEVEL_ALPHA = 0.3  # the fleet's level follows a delay every worker sees within a few
+OFFSET_HALF_LIFE_S = 60.0  # a worker's offset from the fleet fades while it is not timed
 
 
 def _check(name: str, value: float, low: float = 0.0, high: float = math.inf) -> float:
@@ -129,38 +133,96 @@ class PrefillSpeed:
         self.base = min(max(self.my - slope * self.mx, 0.0), 60.0)
 
 
+class Speed(NamedTuple):
+    """What the cost reads for one worker: seconds per prefill token, and the fixed part."""
+
+    slope: float
+    base: float
+
+
+class _Worker:
+    """One worker's learning: its own fit (for its slope) and its offset from the fleet."""
+
+    __slots__ = ("own", "offset", "n", "at")
+
+    def __init__(self, own: PrefillSpeed) -> None:
+        self.own = own
+        self.offset = 0.0  # seconds it answers slower (+) or faster (-) than the fleet's fit
+        self.n = 0  # observations in the offset
+        self.at = 0.0  # when the offset last learned
+
+    def offset_at(self, now: float | None) -> float:
+        if now is None or now <= self.at:
+            return self.offset
+        return self.offset * 0.5 ** ((now - self.at) / OFFSET_HALF_LIFE_S)
+
+
 class TimeModel:
+    """The speeds the cost uses, learned from first tokens.
+
+    The slope is each worker's own fit once it has enough observations. The fixed part is
+    the fleet's fit (every worker's observations, pooled) plus the worker's offset from it:
+    the mean of what its first tokens took beyond what the fleet's fit said at the time. A
+    delay every worker sees at once (a busy gateway, a loaded host) moves the fleet's fit,
+    not one worker's price. Fitted on its own, the base of whichever worker was timed
+    during a busy spell stayed high once it was no longer chosen, so it was not chosen
+    again (docs/benchmarks.md, "The time model's fixed part"). An offset also fades
+    (half-life `OFFSET_HALF_LIFE_S`) while the worker is not timed, so a worker that was
+    slow once is tried again."""
+
     def __init__(self, params: TimeParams | None = None) -> None:
         self.params = params or TimeParams()
-        self._speeds: dict[WorkerKey, PrefillSpeed] = {}
+        self._workers: dict[WorkerKey, _Worker] = {}
         self._fleet = self._new_speed()  # every worker's observations, pooled
+        # The fleet's fixed part now: what first tokens took beyond their prefill, fast.
+        self._level = self.params.base_s
 
     def _new_speed(self) -> PrefillSpeed:
         return PrefillSpeed(self.params.per_token_s, self.params.base_s)
 
+    def _worker(self, key: WorkerKey) -> _Worker:
+        worker = self._workers.get(key)
+        if worker is None:
+            worker = self._workers[key] = _Worker(self._new_speed())
+        return worker
+
     def own_speed(self, key: WorkerKey) -> PrefillSpeed:
         """The fit of this worker's own observations (the prior until it has some)."""
-        speed = self._speeds.get(key)
-        if speed is None:
-            speed = self._speeds[key] = self._new_speed()
-        return speed
+        return self._worker(key).own
 
-    def speed(self, key: WorkerKey) -> PrefillSpeed:
-        """The fit the cost uses: the worker's own once it has enough observations, else the
-        fleet's pooled one once that has, else the prior."""
-        own = self._speeds.get(key)
-        if own is not None and own.n >= _MIN_SAMPLES:
-            return own
-        if self._fleet.n >= _MIN_SAMPLES:
-            return self._fleet
-        return self.own_speed(key)
+    def speed(self, key: WorkerKey, now: float | None = None) -> Speed:
+        """The speed the cost uses at `now` (the prior until the fleet has observations)."""
+        fleet = self._fleet
+        level = self._level if fleet.n >= _MIN_SAMPLES else fleet.base  # (the prior)
+        worker = self._workers.get(key)
+        if worker is None:
+            return Speed(fleet.slope, level)
+        own = worker.own
+        slope = own.slope if own.n >= _MIN_SAMPLES else fleet.slope
+        if worker.n < _MIN_SAMPLES:
+            return Speed(slope, level)
+        return Speed(slope, min(max(level + worker.offset_at(now), 0.0), 60.0))
 
-    def observe(self, key: WorkerKey, tokens: float, seconds: float) -> None:
+    def observe(
+        self, key: WorkerKey, tokens: float, seconds: float, now: float | None = None
+    ) -> None:
         """A request routed to `key` had `tokens` of prefill ahead of and in it (as the router
-        saw at routing time) and its first token came `seconds` later."""
-        if self.params.learn:
-            self.own_speed(key).observe(tokens, seconds)
-            self._fleet.observe(tokens, seconds)
+        saw at routing time) and its first token came `seconds` later (at `now`)."""
+        if not self.params.learn or tokens < 0 or not 0 <= seconds <= 600:
+            return
+        worker = self._worker(key)
+        fleet = self._fleet
+        own = worker.own
+        fixed = seconds - (own.slope if own.n >= _MIN_SAMPLES else fleet.slope) * tokens
+        if fleet.n >= _MIN_SAMPLES:  # an offset from a learned level, not from the prior
+            offset = worker.offset_at(now)
+            worker.n += 1
+            worker.offset = offset + max(_ALPHA, 1.0 / worker.n) * (fixed - self._level - offset)
+            if now is not None:
+                worker.at = now
+        self._level += max(_LEVEL_ALPHA, 1.0 / (fleet.n + 1)) * (fixed - self._level)
+        own.observe(tokens, seconds)
+        fleet.observe(tokens, seconds)
 
     def forget(self, key: WorkerKey) -> None:
-        self._speeds.pop(key, None)
+        self._workers.pop(key, None)

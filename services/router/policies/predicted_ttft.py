@@ -45,7 +45,7 @@ class PredictedTtft:
         for w, (cached, pending) in zip(
             workers, cached_tokens_all(ctx, workers, offload), strict=True
         ):
-            speed = speed_of(w.key)
+            speed = speed_of(w.key, now)
             per_token = speed.slope
             uncached = prompt - cached
             if not w.instance.local_prefill:

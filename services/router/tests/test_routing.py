@@ -5,7 +5,7 @@ from smg_grpc_proto.generated import common_pb2
 
 from switchyard.protos.messages import STAGE_FIRST_TOKEN, RouteProgress
 from switchyard.router.tests.helpers import core, hold, inst, prompt, req
-from switchyard.router.timing import TimeModel, TimeParams
+from switchyard.router.timing import OFFSET_HALF_LIFE_S, TimeModel, TimeParams
 
 
 def busy_record(running: int, waiting: int, window: int = 8) -> common_pb2.EngineLoad:
@@ -245,12 +245,51 @@ class TestTimeModel:
         model = TimeModel(TimeParams())
         for n in range(20):
             model.observe((1, 0), 100 * (n % 5), 0.005 + 1e-5 * 100 * (n % 5))
-        assert model.speed((2, 0)) is model.speed((3, 0))  # the pooled fit
+        assert model.speed((2, 0)) == model.speed((3, 0))  # the pooled fit
         assert abs(model.speed((2, 0)).base - 0.005) < 0.002
         for n in range(8):  # its own, once it has enough
             model.observe((2, 0), 100 * (n % 4), 0.05 + 1e-4 * 100 * (n % 4))
-        assert model.speed((2, 0)) is model.own_speed((2, 0))
+        assert model.speed((2, 0)).slope == model.own_speed((2, 0)).slope
         assert model.speed((2, 0)).base > 0.02
+        assert model.speed((2, 0)).base > model.speed((1, 0)).base + 0.02
+
+    def test_a_delay_every_worker_sees_moves_the_fleet_not_one_worker(self):
+        """Regression: fitted on its own, the base of the worker timed during a busy spell
+        stayed high once the spell was over and it was no longer chosen: of two identical
+        engines one drew every request."""
+        model = TimeModel(TimeParams())
+        a, b = (1, 0), (2, 0)
+        t = 0.0
+        for n in range(40):  # quiet: both answer in 20 ms
+            t += 0.1
+            model.observe(a if n % 2 else b, 64, 0.020, now=t)
+        for n in range(40):  # a busy gateway: 120 ms on both
+            t += 0.1
+            model.observe(a if n % 2 else b, 64, 0.120, now=t)
+        for _ in range(30):  # quiet again, and `b` is the one timed (fitted alone, `a` kept
+            t += 0.1  # its busy 120 ms and would not be chosen again)
+            model.observe(b, 64, 0.020, now=t)
+        assert abs(model.speed(a, t).base - model.speed(b, t).base) < 0.006
+        assert abs(model.speed(b, t).base + 64 * model.speed(b, t).slope - 0.020) < 0.002
+
+    def test_a_slow_worker_is_priced_slow_while_it_is_timed(self):
+        model = TimeModel(TimeParams())
+        fast, slow = (1, 0), (2, 0)
+        for n in range(60):
+            model.observe(fast if n % 2 else slow, 64, 0.020 if n % 2 else 0.060, now=n * 0.1)
+        gap = model.speed(slow, 6.0).base - model.speed(fast, 6.0).base
+        assert 0.03 < gap < 0.05
+
+    def test_an_offset_fades_while_the_worker_is_not_timed(self):
+        model = TimeModel(TimeParams())
+        fast, slow = (1, 0), (2, 0)
+        for n in range(60):
+            model.observe(fast if n % 2 else slow, 64, 0.020 if n % 2 else 0.060, now=n * 0.1)
+        now = 6.0 + OFFSET_HALF_LIFE_S
+        gap = model.speed(slow, now).base - model.speed(fast, now).base
+        assert 0.015 < gap < 0.025  # half of it
+        model.observe(slow, 64, 0.060, now=now)  # timed again: it learns from the faded value
+        assert model.speed(slow, now).base - model.speed(fast, now).base > gap
 
     def test_learning_off(self):
         model = TimeModel(TimeParams(learn=False))
