@@ -1,15 +1,16 @@
 """`switchyard up`: the whole local stack as child processes of one command.
 
-Mock engines (when asked), fleet, router(s), dispatcher(s) and the preprocessor(s), wired
-over loopback. Started in stages (engines, fleet, routers and dispatchers, preprocessors),
-each child binds its own ports (port 0: a free one of --port-range) and reports them in a
-ready file, which the next stage is given: no port is picked by one process and bound by
-another. The HTTP port is bound by `up` itself, one listening socket per preprocessor (one
-SO_REUSEPORT group: the kernel spreads new connections evenly), held for the stack's lifetime;
-each preprocessor accepts from its own (--listen-fd) once it is ready, and from its siblings'
-(--standby-fd) what they leave waiting. A preprocessor that dies loses only the connections it
-had accepted: its socket and queue stay, the others take what waits there, and its restart
-inherits it again. A child that crashes is restarted on the ports it had (see supervisor).
+Mock engines (when asked), fleet, router(s), dispatcher(s) and the preprocessor(s), wired over
+loopback (the routers and dispatchers on Unix sockets, ipc://). Started in stages (engines,
+fleet, routers and dispatchers, preprocessors), each child binds its own ports (port 0: a free
+one of --port-range) and reports them in a ready file, which the next stage is given: no port
+is picked by one process and bound by another. The HTTP port is bound by `up` itself, one
+listening socket per preprocessor (one SO_REUSEPORT group: the kernel spreads new connections
+evenly), held for the stack's lifetime; each preprocessor accepts from its own (--listen-fd)
+once it is ready, and from its siblings' (--standby-fd) what they leave waiting. A preprocessor
+that dies loses only the connections it had accepted: its socket and queue stay, the others
+take what waits there, and its restart inherits it again. A child that crashes is restarted on
+the ports it had (see supervisor).
 
 Ctrl-C or SIGTERM stops the stack in dependency order (the children run in their own process
 groups, so a terminal's Ctrl-C reaches `up` alone): the preprocessors first, which stop
@@ -259,6 +260,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 LOCAL = "tcp://127.0.0.1:0"  # a free loopback port, searched by the child itself
+
+
+def local_socket(folder: Path, name: str) -> str:
+    """Where a router or dispatcher of this host binds: a Unix socket in `up`'s own folder.
+    The per-token and per-request hops cost less CPU over ipc:// than over loopback TCP (no
+    TCP stack, no conntrack; docs/benchmarks.md, "ipc:// between the services of `up`"). A
+    restart binds the same path (libzmq unlinks a socket file left behind). Services on
+    separate hosts (compose, Kubernetes) keep tcp://. A folder too deep for a Unix socket's
+    path (108 bytes) gets a loopback port instead."""
+    path = f"{folder / name}.sock"
+    return f"ipc://{path}" if len(os.fsencode(path)) < 100 else LOCAL
+
+
 FLEET_STATE = "fleet-state.sqlite"
 
 
@@ -437,7 +451,8 @@ class Launcher:
 
         def router(index: int) -> Callable[[dict[str, Any] | None], list[str]]:
             def argv(report: dict[str, Any] | None) -> list[str]:
-                cmd = ["router", "--bind", report["bind"] if report else LOCAL]
+                bind = report["bind"] if report else local_socket(self.folder, f"router-{index}")
+                cmd = ["router", "--bind", bind]
                 cmd += ["--router-mode", args.router_mode, *fleet_flags, *tls, *args.router_arg]
                 if args.flow_config:  # the deployment's flow gate (the same file)
                     cmd += ["--flow-config", os.path.abspath(args.flow_config)]
@@ -447,15 +462,21 @@ class Launcher:
 
             return argv
 
-        def dispatcher(report: dict[str, Any] | None) -> list[str]:
-            cmd = ["dispatcher", "--bind", report["bind"] if report else LOCAL, *fleet_flags]
-            cmd += ["--drain-timeout", str(args.drain_timeout), *tls]
-            cmd += ["--shutdown-grace", str(args.shutdown_grace)]
-            cmd += ["--engine-streams", args.engine_streams]
-            return cmd + self._metrics(report) + args.dispatcher_arg
+        def dispatcher(index: int) -> Callable[[dict[str, Any] | None], list[str]]:
+            def argv(report: dict[str, Any] | None) -> list[str]:
+                bind = (
+                    report["bind"] if report else local_socket(self.folder, f"dispatcher-{index}")
+                )
+                cmd = ["dispatcher", "--bind", bind, *fleet_flags]
+                cmd += ["--drain-timeout", str(args.drain_timeout), *tls]
+                cmd += ["--shutdown-grace", str(args.shutdown_grace)]
+                cmd += ["--engine-streams", args.engine_streams]
+                return cmd + self._metrics(report) + args.dispatcher_arg
+
+            return argv
 
         middle = [(f"router-{i}", router(i)) for i in range(args.routers)]
-        middle += [(f"dispatcher-{i}", dispatcher) for i in range(args.dispatchers)]
+        middle += [(f"dispatcher-{i}", dispatcher(i)) for i in range(args.dispatchers)]
         stack.reports.update(self.stage(middle, MIDDLE, args.shutdown_grace + STOP_GRACE_S))
         count = args.preprocessors
         # Preprocessor i (and each restart of it) accepts from http[i] once it is ready, and
