@@ -103,6 +103,10 @@ class ChatTemplate:
             self._template = env.from_string(source)
         except jinja2.TemplateError as exc:
             raise TokenizerLoadError(f"invalid chat template: {exc}") from exc
+        # The globals as one plain dict instead of jinja2's ChainMap over the environment's
+        # (set above, never changed after): each render copies them into its context and
+        # lists their names, which walks a ChainMap key by key in Python.
+        self._template.globals = dict(self._template.globals)
 
     @classmethod
     def from_tokenizer_config(

@@ -259,7 +259,7 @@ class Edge:
         method): requests_total and errors_total show them like any other answer."""
         if endpoint is not None and self.deps is not None:
             metrics = self.deps.metrics
-            metrics.requests.labels(endpoint, "", str(status)).inc()
+            metrics.answered(endpoint, "", status)
             metrics.errors.labels("", code).inc()
 
     def _timeout(self, scope: Scope) -> float:
@@ -438,7 +438,7 @@ def _account(deps: Deps, ctx: RequestContext, status: int) -> None:
     """Count the request (by model) and end its trace."""
     model = ctx.entry.name if ctx.entry is not None else ""
     metrics = deps.metrics
-    metrics.requests.labels(ctx.inp.endpoint, model, str(status)).inc()
+    metrics.answered(ctx.inp.endpoint, model, status)
     if ctx.error:
         metrics.errors.labels(model, ctx.error).inc()
     if ctx.trace is not None:

@@ -147,6 +147,7 @@ class PreprocessorMetrics:
             registry=r,
         )
         self._by_model: dict[str, _ModelSeries] = {}  # models are bounded (see above)
+        self._answered: dict[tuple[str, str, int], Any] = {}  # requests' series, looked up once
         self.stage_seconds = LoopHistogram(
             "switchyard_preprocessor_stage_seconds",
             "time spent in each request stage on the event loop (--stage-timing only)",
@@ -154,6 +155,15 @@ class PreprocessorMetrics:
             ["stage"],
             registry=r,
         )
+
+    def answered(self, endpoint: str, model: str, status: int) -> None:
+        """A request answered (requests_total), its series looked up once per label set
+        (endpoints, models and statuses are bounded)."""
+        key = (endpoint, model, status)
+        series = self._answered.get(key)
+        if series is None:
+            series = self._answered[key] = self.requests.labels(endpoint, model, str(status))
+        series.inc()
 
     def internal_error(self, stage: str) -> None:
         """A request failed by an unforeseen exception (a bug) in `stage`."""
