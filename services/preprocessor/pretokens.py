@@ -25,7 +25,7 @@ from typing import Any
 
 from tokenizers import Tokenizer, models
 
-MAX_PIECES = 1 << 16  # pre-tokens kept; the cache starts over when full
+MAX_PIECES = 1 << 16  # pre-tokens kept; the cache starts over (from its warm set) when full
 MAX_PIECE_CHARS = 64  # longer pre-tokens (runs of spaces, long words) are not kept
 
 # Python's `re` for ASCII, for the classes the pre-tokenizers' regexes use: \p{L} letters,
@@ -84,12 +84,18 @@ def _deepseek_v3(text: str) -> list[str] | None:
     return pieces
 
 
-KNOWN: list[tuple[dict[str, Any], Callable[[str], list[str] | None]]] = [
-    (_DEEPSEEK_V3, _deepseek_v3),
+# Every run of 1 to 3 digits: numbers would otherwise keep missing the cache until all were seen.
+_DIGIT_GROUPS = [f"{n:0{width}d}" for width in (1, 2, 3) for n in range(10**width)]
+
+# (pre-tokenizer config, its split in Python, the pre-tokens cached up front)
+KNOWN: list[tuple[dict[str, Any], Callable[[str], list[str] | None], list[str]]] = [
+    (_DEEPSEEK_V3, _deepseek_v3, _DIGIT_GROUPS),
 ]
 
 
-def _splitter(tokenizer: Tokenizer) -> Callable[[str], list[str] | None] | None:
+def _splitter(
+    tokenizer: Tokenizer,
+) -> tuple[Callable[[str], list[str] | None], list[str]] | None:
     if tokenizer.pre_tokenizer is None or tokenizer.truncation or tokenizer.padding:
         return None
     model = tokenizer.model
@@ -101,19 +107,26 @@ def _splitter(tokenizer: Tokenizer) -> Callable[[str], list[str] | None] | None:
         if state.get("type") != "Sequence" or state.get("normalizers"):
             return None
     pre = json.loads(tokenizer.pre_tokenizer.__getstate__())
-    for config, split in KNOWN:
+    for config, split, warm in KNOWN:
         if pre == config:
-            return split
+            return split, warm
     return None
 
 
 class PreTokenCache:
     """Ids of plain ASCII texts from cached pre-tokens, for a tokenizer `of` accepts."""
 
-    def __init__(self, tokenizer: Tokenizer, split: Callable[[str], list[str] | None]) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        split: Callable[[str], list[str] | None],
+        warm: list[str] = [],  # noqa: B006 (read only)
+    ) -> None:
         self._tokenizer = tokenizer
         self._split = split
-        self._ids: dict[str, list[int]] = {}
+        encoded = tokenizer.encode_batch_fast(warm, add_special_tokens=False) if warm else []
+        self._warm = {p: e.ids for p, e in zip(warm, encoded, strict=True)}
+        self._ids: dict[str, list[int]] = dict(self._warm)
         # The characters no added token's text holds and none could start (printable ASCII,
         # tab, line breaks): the text is then one run of pre-tokens.
         starts = {t.content[0] for t in tokenizer.get_added_tokens_decoder().values() if t.content}
@@ -125,8 +138,8 @@ class PreTokenCache:
     @classmethod
     def of(cls, tokenizer: Tokenizer) -> PreTokenCache | None:
         """The cache for this tokenizer, None if its pre-tokenizer is not one spelled here."""
-        split = _splitter(tokenizer)
-        return cls(tokenizer, split) if split is not None else None
+        found = _splitter(tokenizer)
+        return cls(tokenizer, *found) if found is not None else None
 
     def encode(self, text: str) -> list[int] | None:
         """The ids of `text` (no special tokens added), None when it is not plain ASCII."""
@@ -138,6 +151,7 @@ class PreTokenCache:
         cache = self._ids
         if len(cache) > MAX_PIECES:
             cache.clear()
+            cache.update(self._warm)
         missing = [p for p in pieces if p not in cache]
         if missing:
             missing = list(dict.fromkeys(missing))

@@ -122,13 +122,15 @@ class TestCacheBounds:
     def test_starts_over_when_full(self, monkeypatch) -> None:
         import switchyard.preprocessor.pretokens as module
 
-        monkeypatch.setattr(module, "MAX_PIECES", 10)
         cache = PreTokenCache.of(TOKENIZER)
         assert cache is not None
+        warm = len(cache._ids)  # every run of 1 to 3 digits
+        assert warm == 1110 and cache._ids["007"] == full("007")
+        monkeypatch.setattr(module, "MAX_PIECES", warm + 10)
         text = " ".join(f"w{chr(97 + i % 26)}{chr(97 + i // 26)}" for i in range(30))
         assert cache.encode(text) == full(text)
-        assert cache.encode("fresh words here") == full("fresh words here")
-        assert len(cache._ids) <= 10 + 3
+        assert cache.encode("fresh words here 123") == full("fresh words here 123")
+        assert len(cache._ids) == warm + 4  # "fresh", " words", " here", " "
 
     def test_long_pieces_not_kept(self) -> None:
         cache = PreTokenCache.of(TOKENIZER)
