@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from itertools import chain
 from typing import Any
 
 from tokenizers import Tokenizer, models
@@ -62,26 +63,21 @@ _DEEPSEEK_V3 = {
         {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
     ],
 }
-_DEEPSEEK_V3_WORDS = re.compile(
-    f"[{_PUNCT}][A-Za-z]+|[^\\r\\nA-Za-z{_PUNCT}]?[A-Za-z]+| ?[{_PUNCT}]+[\\r\\n]*"
-    f"|[{_SPACE}]*[\\r\\n]+|[{_SPACE}]+(?![^{_SPACE}])|[{_SPACE}]+"
+# Its three splits in one pass. Digits are split out first, 3 at a time from a run's left
+# (the first alternative; no other one takes a digit, so no match crosses a run's edge), and
+# the words regex then runs on the text between runs, whose ends are ends: `\s+(?!\S)`
+# before a digit holds as it does at the end of the text.
+_DEEPSEEK_V3_PIECES = re.compile(
+    f"[0-9]{{1,3}}|[{_PUNCT}][A-Za-z]+|[^\\r\\n0-9A-Za-z{_PUNCT}]?[A-Za-z]+"
+    f"| ?[{_PUNCT}]+[\\r\\n]*|[{_SPACE}]*[\\r\\n]+|[{_SPACE}]+(?![^{_SPACE}0-9])|[{_SPACE}]+"
 ).findall
-_DIGIT_RUNS = re.compile(r"([0-9]+)").split
 
 
 def _deepseek_v3(text: str) -> list[str] | None:
     """The pre-tokens of ASCII text without control characters; None if some text would be
     left between them (it cannot be, for such text: kept as a check)."""
-    pieces: list[str] = []
-    for i, part in enumerate(_DIGIT_RUNS(text)):
-        if i & 1:  # a run of digits: split isolated before the words, 3 at a time from its left
-            pieces += [part[at : at + 3] for at in range(0, len(part), 3)]
-        elif part:  # the text between digit runs, split on its own (its ends are ends)
-            words = _DEEPSEEK_V3_WORDS(part)
-            if sum(map(len, words)) != len(part):
-                return None
-            pieces += words
-    return pieces
+    pieces: list[str] = _DEEPSEEK_V3_PIECES(text)
+    return pieces if sum(map(len, pieces)) == len(text) else None
 
 
 # Every run of 1 to 3 digits: numbers would otherwise keep missing the cache until all were seen.
@@ -152,15 +148,15 @@ class PreTokenCache:
         if len(cache) > MAX_PIECES:
             cache.clear()
             cache.update(self._warm)
-        missing = [p for p in pieces if p not in cache]
-        if missing:
-            missing = list(dict.fromkeys(missing))
-            encoded = self._tokenizer.encode_batch_fast(missing, add_special_tokens=False)
-            for piece, enc in zip(missing, encoded, strict=True):
-                cache[piece] = enc.ids
-        out: list[int] = []
-        for piece in pieces:
-            out += cache[piece]
+        try:
+            return list(chain.from_iterable(map(cache.__getitem__, pieces)))
+        except KeyError:  # pre-tokens not seen yet
+            pass
+        missing = list(dict.fromkeys(p for p in pieces if p not in cache))
+        encoded = self._tokenizer.encode_batch_fast(missing, add_special_tokens=False)
+        for piece, enc in zip(missing, encoded, strict=True):
+            cache[piece] = enc.ids
+        out = list(chain.from_iterable(map(cache.__getitem__, pieces)))
         for piece in missing:
             if len(piece) > MAX_PIECE_CHARS:
                 del cache[piece]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import string
 
@@ -90,6 +91,13 @@ class TestSameIds:
             for b in chars:
                 check(a + b)
                 check(f"x{a}{b}1")
+
+    def test_every_short_text_of_a_small_alphabet(self) -> None:
+        """Digit runs next to whitespace runs (a run's edge is an end for `\\s+(?!\\S)`),
+        letters, punctuation, line breaks: every text of up to 4 of them."""
+        for size in range(1, 5):
+            for chars in itertools.product("a1 \n.\t\r", repeat=size):
+                check("".join(chars))
 
     def test_prose(self) -> None:
         rng = random.Random(7)
