@@ -173,7 +173,7 @@ class EngineClient(abc.ABC):
     With `streams` (http2.Http2Streams), Generate streams (the dispatcher's per-token
     path) and the unary calls HealthCheck, GetModelInfo, GetServerInfo and GetLoads go over
     the loop's own HTTP/2 connection instead of the channel; Abort, Embed and GetTokenizer
-    stay on the channel."""
+    stay on the channel, which such a client opens at the first of them."""
 
     protocol: ClassVar[str]
     service_name: ClassVar[str]
@@ -181,12 +181,19 @@ class EngineClient(abc.ABC):
 
     def __init__(
         self,
-        channel: grpc.aio.Channel,
+        channel: grpc.aio.Channel | Callable[[], grpc.aio.Channel],
         instance_id: int | None = None,
         streams: Http2Streams | None = None,
     ) -> None:
-        self.channel = channel
-        self.stub = self.stub_class(channel)
+        """`channel`: the channel, or how to open it when a call first needs it (a client
+        whose calls all go over `streams` never starts gRPC core's threads, whose timers
+        wake an idle process several times a second: docs/benchmarks.md, "Idle wake-ups")."""
+        if isinstance(channel, grpc.aio.Channel):
+            self._channel: grpc.aio.Channel | None = channel
+            self._open_channel: Callable[[], grpc.aio.Channel] | None = None
+        else:
+            self._channel, self._open_channel = None, channel
+        self._stub: Any = None
         self.instance_id = instance_id
         self.streams = streams
         self.closed = False  # close() was called: every call on it fails (disconnected)
@@ -195,11 +202,30 @@ class EngineClient(abc.ABC):
             self._generate_path = f"/{self.service_name}/Generate"
             self._decode_reply = self.proto.GenerateResponse.FromString
 
+    @property
+    def channel(self) -> grpc.aio.Channel:
+        channel = self._channel
+        if channel is None:
+            if self.closed:  # a call on a closed client, as grpc.aio's UsageError reads
+                raise self._closed()
+            assert self._open_channel is not None
+            channel = self._channel = self._open_channel()
+        return channel
+
+    @property
+    def stub(self) -> Any:
+        """The family's generated stub on `channel` (opened on first use)."""
+        stub = self._stub
+        if stub is None:
+            stub = self._stub = self.stub_class(self.channel)
+        return stub
+
     async def close(self) -> None:
         self.closed = True
         if self.streams is not None:
             await self.streams.close()
-        await self.channel.close()
+        if self._channel is not None:
+            await self._channel.close()
 
     async def _error(self, exc: grpc.aio.AioRpcError) -> EngineError:
         """A grpc.aio failure as an EngineError. An UNAVAILABLE is the engine refusing this
@@ -237,7 +263,6 @@ class EngineClient(abc.ABC):
     # families name these RPCs and messages alike.
     proto: ClassVar[Any]
     stub_class: ClassVar[Any]  # the family's generated stub
-    stub: Any
 
     def _closed(self) -> EngineError:
         return closed_error(self.instance_id)

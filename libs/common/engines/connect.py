@@ -7,6 +7,7 @@ plaintext one; a TLS failure says so in the error.
 
 from __future__ import annotations
 
+import functools
 from urllib.parse import urlsplit
 
 import grpc
@@ -73,9 +74,13 @@ def client_for(
     http2_streams: bool = False,
 ) -> EngineClient:
     """A client for an engine whose family is already known (the dispatcher's case);
-    `http2_streams`: its Generate streams on the loop's own HTTP/2 connection (http2.py)."""
-    streams = open_streams(url, tls) if http2_streams else None
-    return CLIENTS[protocol](open_channel(url, tls), instance_id, streams)
+    `http2_streams`: its Generate streams and unary calls on the loop's own HTTP/2 connection
+    (http2.py), its gRPC channel opened only when a call needs it (Abort, Embed, ...)."""
+    if not http2_streams:
+        return CLIENTS[protocol](open_channel(url, tls), instance_id)
+    return CLIENTS[protocol](
+        functools.partial(open_channel, url, tls), instance_id, open_streams(url, tls)
+    )
 
 
 _TLS_HINTS = ("ssl", "tls", "handshake", "certificate", "x509")
@@ -125,8 +130,11 @@ async def connect(
                 if exc.kind == errors.BAD_REQUEST:  # UNIMPLEMENTED: not this family
                     continue
                 raise _tls_failure(url, exc) if is_tls(url) else exc from None
-            if http2_streams:
-                return cls(channel, instance_id, open_streams(url, tls))
+            if http2_streams:  # the detection's channel is not needed again
+                await channel.close()
+                return cls(
+                    functools.partial(open_channel, url, tls), instance_id, open_streams(url, tls)
+                )
             return client
     except BaseException:
         await channel.close()

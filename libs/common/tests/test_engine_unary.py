@@ -152,3 +152,26 @@ class Healthy(sgrpc.SglangSchedulerServicer):
 async def test_an_engine_without_the_standard_health_service_is_judged_by_healthcheck():
     async with engine(Healthy()) as client:
         assert await client.health(2.0)
+
+
+@pytest.mark.parametrize("protocol", ["sglang", "vllm"])
+async def test_an_http2_client_opens_its_channel_only_for_a_channel_call(protocol):
+    """Fleet's probes and the router's load polls never touch the gRPC channel, so their
+    clients never start gRPC core's threads; Abort (a channel call) opens it then."""
+    async with start_mock_engine(MockEngineConfig(protocol=protocol, port=0)) as mock:
+        url = f"grpc://{mock.target}"
+        probed = await connect(url, 2.0, 4, http2_streams=True)
+        polled = client_for(protocol, url, 4)
+        try:
+            assert await probed.health(2.0) and (await probed.info(2.0)).protocol == protocol
+            await polled.get_loads(2.0)
+            assert probed._channel is None
+            assert (polled._channel is None) == (polled.streams is not None)
+            await probed.abort("nobody", 2.0)
+            assert probed._channel is not None
+        finally:
+            await probed.close()
+            await polled.close()
+        with pytest.raises(EngineError) as info:
+            await polled.abort("nobody", 2.0)
+        assert info.value.kind == errors.DISCONNECTED
