@@ -1,8 +1,9 @@
 """Probe one configured worker: detect its family once, then ask it for its info each cycle.
 
 The engine client is cached per URL. Its family is detected over a gRPC channel; the probes
-then go over the client's own HTTP/2 connection (EngineClient._unary: less CPU than gRPC
-core's threads and timers; docs/benchmarks.md, "Engine connections"). Both
+(their four calls at once) then go over the client's own HTTP/2 connection
+(EngineClient._unary: less CPU than gRPC core's threads and timers; docs/benchmarks.md,
+"Engine connections"), and the channel is closed (opened again only if a call needs it). Both
 reconnect by themselves when an engine restarts, so only a change of family (the URL now
 answers UNIMPLEMENTED) drops the client. `retain` closes the clients of workers that are no
 longer configured.
@@ -16,6 +17,7 @@ from collections.abc import Awaitable, Callable, Collection
 
 from switchyard.common import engines, errors
 from switchyard.common.engines import EngineClient, EngineInfo
+from switchyard.common.engines.base import both
 from switchyard.common.errors import EngineError
 from switchyard.common.workers import WorkerSpec
 
@@ -47,9 +49,13 @@ class Prober:
             client = await self._connect(spec.url, self._timeout, spec.instance_id)
             self._clients[spec.url] = client
         try:
-            if not await client.health(self._timeout):
+            # At once: one round trip per probe, not four (see both).
+            healthy, info = await both(
+                client.health(self._timeout), client.info(self._timeout)
+            )
+            if not healthy:
                 raise EngineError(errors.ENGINE_ERROR, "engine reports unhealthy", spec.instance_id)
-            return await client.info(self._timeout)
+            return info()
         except EngineError as exc:
             if exc.kind == errors.BAD_REQUEST:  # a different engine family took this URL
                 await self._drop(spec.url)

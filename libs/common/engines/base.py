@@ -8,9 +8,9 @@ import asyncio
 import contextlib
 import hashlib
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, ClassVar, TypeAlias, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2
@@ -30,6 +30,9 @@ from switchyard.protos.messages import (
 )
 
 HEALTH_SERVICE = "grpc.health.v1.Health"
+
+A = TypeVar("A")
+B = TypeVar("B")
 
 # Keepalive: a frozen engine (SIGSTOP, a hung host) keeps its TCP connection open, so only
 # an unanswered HTTP/2 ping shows it: the transport closes and its calls fail UNAVAILABLE
@@ -165,6 +168,27 @@ class _PlainReplies:
         emit(self._finished(self.request_id, done, self.generated))
         self.complete = True
         return True
+
+
+async def both(first: Awaitable[A], second: Awaitable[B]) -> tuple[A, Callable[[], B]]:
+    """Two calls at once: on the HTTP/2 connection their requests go out in one write and
+    their replies mostly come back in one read (fleet's probes wake once, not per call). The
+    first's failure is raised here; the second's when its result is asked for (`second()`),
+    so a caller that does not need it (an unhealthy engine) fails as it did one by one."""
+    results = await asyncio.gather(first, second, return_exceptions=True)
+    one, two = results[0], results[1]
+    for failed in (one, two):  # a cancellation is never swallowed
+        if isinstance(failed, asyncio.CancelledError):
+            raise failed
+    if isinstance(one, BaseException):
+        raise one
+
+    def result() -> B:
+        if isinstance(two, BaseException):
+            raise two
+        return two
+
+    return one, result
 
 
 class EngineClient(abc.ABC):
@@ -346,10 +370,13 @@ class EngineClient(abc.ABC):
         graceful shutdown on. An engine without the standard service is judged by
         HealthCheck alone."""
         proto = self.proto
-        reply = await self._unary(
-            "HealthCheck", proto.HealthCheckRequest(), proto.HealthCheckResponse, timeout
+        reply, serving = await both(
+            self._unary(
+                "HealthCheck", proto.HealthCheckRequest(), proto.HealthCheckResponse, timeout
+            ),
+            self._serving(timeout),
         )
-        return bool(reply.healthy) and await self._serving(timeout)
+        return bool(reply.healthy) and serving()
 
     async def _serving(self, timeout: float) -> bool:
         request = health_pb2.HealthCheckRequest(service=self.service_name)
@@ -365,13 +392,15 @@ class EngineClient(abc.ABC):
 
     async def _model_and_server_info(self, timeout: float) -> tuple[Any, Any]:
         proto = self.proto
-        model = await self._unary(
-            "GetModelInfo", proto.GetModelInfoRequest(), proto.GetModelInfoResponse, timeout
+        model, server = await both(
+            self._unary(
+                "GetModelInfo", proto.GetModelInfoRequest(), proto.GetModelInfoResponse, timeout
+            ),
+            self._unary(
+                "GetServerInfo", proto.GetServerInfoRequest(), proto.GetServerInfoResponse, timeout
+            ),
         )
-        server = await self._unary(
-            "GetServerInfo", proto.GetServerInfoRequest(), proto.GetServerInfoResponse, timeout
-        )
-        return model, server
+        return model, server()
 
     async def get_loads(self, timeout: float) -> Any:
         """The engine's GetLoadsResponse (one SchedulerLoad per data-parallel rank)."""
