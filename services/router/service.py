@@ -271,6 +271,12 @@ class RouterService:
 
     def _handle(self, identity: bytes, message: RouterRequest) -> _Decided | None:
         core = self.core
+        kind = type(message)  # the decoder makes these exact types: the common ones first
+        if kind is RouteRequest:
+            return self._route(message)  # type: ignore[arg-type]
+        if kind is RouteProgress:
+            core.progress(message, self.clock())  # type: ignore[arg-type]
+            return None
         if isinstance(message, FlowAdmit | FlowRelease | FlowSync):
             if self.flow is not None:
                 self.flow.handle(identity, message)
@@ -282,12 +288,7 @@ class RouterService:
             self._reply(identity, status or FlowStatus(request_id=message.request_id))
             return None
         if isinstance(message, RouteRequest):
-            started = time.perf_counter()
-            now = self.clock()
-            response = core.route(message, now).response
-            if message.dry_run and response.workers and self.ingestor is not None:
-                response = kv_debug.with_staleness(response, self.ingestor, core.index, now)
-            return _Decided(message, response, now, time.perf_counter() - started)
+            return self._route(message)
         if isinstance(message, KvDebugRequest):  # answered apart (a reply of its own)
             self._pending_debug.append(message)
         if isinstance(message, RouteProgress):
@@ -295,6 +296,15 @@ class RouterService:
         elif isinstance(message, InstanceBusy):
             core.mark_busy(message.instance_id, self.clock() + message.seconds)
         return None
+
+    def _route(self, message: RouteRequest) -> _Decided:
+        core = self.core
+        started = time.perf_counter()
+        now = self.clock()
+        response = core.route(message, now).response
+        if message.dry_run and response.workers and self.ingestor is not None:
+            response = kv_debug.with_staleness(response, self.ingestor, core.index, now)
+        return _Decided(message, response, now, time.perf_counter() - started)
 
     def _account(self, decided: _Decided) -> None:
         """A decision's metrics and the KV ingestor's note of it, after its answer went."""
