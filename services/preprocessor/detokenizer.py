@@ -36,7 +36,8 @@ REPLACEMENT = "\ufffd"
 CONTEXT_TOKENS = 4
 # Ids of the vocabulary whose table bytes are checked against the tokenizer's decode.
 CHECKED_IDS = 4096
-_Utf8 = codecs.getincrementaldecoder("utf-8")
+# codecs' incremental UTF-8 decoder, inline (its `decode` is a Python frame per token).
+_utf8_decode = codecs.utf_8_decode
 
 
 class ByteTable:
@@ -92,7 +93,7 @@ class ByteTable:
 
 
 class IncrementalDetokenizer:
-    __slots__ = ("_tokenizer", "_stream", "_skip", "_pending", "_bytes", "_utf8")
+    __slots__ = ("_tokenizer", "_stream", "_skip", "_pending", "_bytes", "_held")
 
     def __init__(
         self,
@@ -110,7 +111,7 @@ class IncrementalDetokenizer:
         if table is not None:
             # Byte-level: no context needed (no decoder strips or adds anything at the start).
             self._bytes: list[bytes] | None = table.skip if skip_special_tokens else table.keep
-            self._utf8 = _Utf8("replace")
+            self._held = b""  # the bytes of a character not complete yet
             return
         self._bytes = None
         context = list(prompt_ids[-CONTEXT_TOKENS:])
@@ -135,7 +136,15 @@ class IncrementalDetokenizer:
             except IndexError:  # an id past the vocabulary decodes to nothing
                 size = len(table)
                 data = b"".join([table[i] for i in token_ids if 0 <= i < size])
-            return self._utf8.decode(data)
+            held = self._held
+            if held:
+                data = held + data
+            decoded, used = _utf8_decode(data, "replace", False)
+            if used < len(data):
+                self._held = data[used:]
+            elif held:
+                self._held = b""
+            return decoded
         text = self._stream.step(self._tokenizer, token_ids)
         if text is None:
             self._pending.extend(token_ids)
@@ -147,7 +156,8 @@ class IncrementalDetokenizer:
     def flush(self) -> str:
         """Whatever is held back (an incomplete character decodes as U+FFFD)."""
         if self._bytes is not None:
-            return self._utf8.decode(b"", True)
+            held, self._held = self._held, b""
+            return _utf8_decode(held, "replace", True)[0] if held else ""
         if not self._pending:
             return ""
         pending, self._pending = self._pending, []

@@ -400,7 +400,8 @@ async def stream(ctx: RequestContext) -> None:
                     continue
             if queue.empty():
                 await queue.wait()
-                continue
+                if watchdog.expired or queue.empty():
+                    continue
             items = queue.take()
             t0 = time.perf_counter() if timer is not None else 0.0
             now = clock()

@@ -193,7 +193,10 @@ class StreamSink(SseBody):
         if not self._reasoning and not self._calls and self._lp is None:
             if content:
                 self._out.append(self._frames.delta(content, at))
-        elif self._chat:
+            text.clear()
+            self._at = -1
+            return
+        if self._chat:
             delta: dict[str, Any] = {}
             if content:
                 delta["content"] = content
