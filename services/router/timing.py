@@ -35,7 +35,7 @@ Speeds are learned from the router's own observations (route -> first token, for
 prefilled where they were routed): an exponentially weighted least-squares fit of observed
 TTFT against the prefill tokens ahead of and in the request, shrunk towards the configured
 prior when the observations do not spread enough to tell slope from base. Each worker has
-its own slope; its fixed part is the fit pooled over the whole fleet plus the worker's own
+its own slope, shrunk the same way towards the fleet's; its fixed part is the fit pooled over the whole fleet plus the worker's own
 offset from it (`TimeModel`). A worker with too few observations of its own (new, or rarely
 chosen) is priced by the fleet's fit, once that has enough: the prior is a guess, the
 fleet's engines are usually alike, and a new worker that looks faster (or slower) than it
@@ -132,6 +132,16 @@ class PrefillSpeed:
         self.slope = slope
         self.base = min(max(self.my - slope * self.mx, 0.0), 60.0)
 
+    def slope_toward(self, target: float) -> float:
+        """The slope of these observations shrunk towards `target` (the fleet's) instead of
+        the prior: a worker whose prompts barely differ in length cannot tell its slope from
+        noise, and then it is priced like its peers."""
+        if self.n < _MIN_SAMPLES:
+            return target
+        prior = self._prior_slope
+        slope = (self.cxy + _SPREAD * target) / (self.vxx + _SPREAD)
+        return min(max(slope, prior / 50), prior * 50)
+
 
 class Speed(NamedTuple):
     """What the cost reads for one worker: seconds per prefill token, and the fixed part."""
@@ -160,7 +170,8 @@ class _Worker:
 class TimeModel:
     """The speeds the cost uses, learned from first tokens.
 
-    The slope is each worker's own fit once it has enough observations. The fixed part is
+    The slope is each worker's own fit once it has enough observations, shrunk towards the
+    fleet's (as far as its prompts' lengths do not spread enough to tell). The fixed part is
     the fleet's fit (every worker's observations, pooled) plus the worker's offset from it:
     the mean of what its first tokens took beyond what the fleet's fit said at the time. A
     delay every worker sees at once (a busy gateway, a loaded host) moves the fleet's fit,
@@ -197,8 +208,7 @@ class TimeModel:
         worker = self._workers.get(key)
         if worker is None:
             return Speed(fleet.slope, level)
-        own = worker.own
-        slope = own.slope if own.n >= _MIN_SAMPLES else fleet.slope
+        slope = worker.own.slope_toward(fleet.slope)
         if worker.n < _MIN_SAMPLES:
             return Speed(slope, level)
         return Speed(slope, min(max(level + worker.offset_at(now), 0.0), 60.0))
@@ -213,7 +223,7 @@ class TimeModel:
         worker = self._worker(key)
         fleet = self._fleet
         own = worker.own
-        fixed = seconds - (own.slope if own.n >= _MIN_SAMPLES else fleet.slope) * tokens
+        fixed = seconds - own.slope_toward(fleet.slope) * tokens
         if fleet.n >= _MIN_SAMPLES:  # an offset from a learned level, not from the prior
             offset = worker.offset_at(now)
             worker.n += 1
