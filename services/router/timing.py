@@ -35,11 +35,11 @@ Speeds are learned from the router's own observations (route -> first token, for
 prefilled where they were routed): an exponentially weighted least-squares fit of observed
 TTFT against the prefill tokens ahead of and in the request, shrunk towards the configured
 prior when the observations do not spread enough to tell slope from base. Each worker has
-its own slope, shrunk the same way towards the fleet's; its fixed part is the fit pooled over the whole fleet plus the worker's own
-offset from it (`TimeModel`). A worker with too few observations of its own (new, or rarely
-chosen) is priced by the fleet's fit, once that has enough: the prior is a guess, the
-fleet's engines are usually alike, and a new worker that looks faster (or slower) than it
-is draws every request (or none).
+its own slope, shrunk the same way towards the fleet's; its fixed part is the fit pooled
+over the whole fleet plus the worker's own offset from it (`TimeModel`). A worker with too
+few observations of its own (new, or rarely chosen) is priced by the fleet's fit, once that
+has enough: the prior is a guess, the fleet's engines are usually alike, and a new worker
+that looks faster (or slower) than it is draws every request (or none).
 """
 
 from __future__ import annotations
