@@ -39,9 +39,10 @@ def checkout_python(root: Path) -> Path:
 
 def run_load(root: Path, out: Path, extra: list[str]) -> dict[str, Any]:
     argv = [str(checkout_python(root)), str(root / "bench" / "load.py"), "--with-smg"]
+    # One smg install serves both checkouts (the first run makes it), unless one is given.
+    if "--smg-venv" not in extra:
+        argv += ["--smg-venv", str(HERE / ".smg-venv")]
     argv += ["--router-mode", "kv", "--no-plots", "--out-dir", str(out), *extra]
-    # One smg install serves both checkouts (the first run makes it).
-    argv += ["--smg-venv", str(HERE / ".smg-venv")]
     # From the checkout's own folder: `python -m switchyard` puts the working directory first
     # on sys.path, so from another checkout's folder it would run that one's code.
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, cwd=root)
