@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         "prompts; closed loop. CPU per request: milliseconds of CPU time over the phase, "
         "divided by its requests (vLLM's gateway = its API server process).",
     ]
-    RESULTS.mkdir(exist_ok=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(table(results, header))
     args.out.with_suffix(".json").write_text(json.dumps(results, indent=1, default=str))
     print(args.out.read_text())
