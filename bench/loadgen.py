@@ -272,6 +272,33 @@ async def closed_loop(
     return [s for s in samples if s is not None], wall
 
 
+async def closed_run(
+    base: str,
+    model: str,
+    tokens: int,
+    phase: str,
+    n: int,
+    concurrency: int,
+    stream: bool = True,
+    words: int = 48,
+    code: str = "S0",
+) -> tuple[list[Sample], float]:
+    """`n` new prompts of `words` words (`prompts(code, phase, ...)`) on a fresh client, closed
+    loop at `concurrency`: the samples and the wall time; raises when any request failed (for
+    benches that measure the stack, not the load)."""
+    target = HttpTarget("switchyard", base, model, tokens, stream=stream)
+    await target.open()
+    try:
+        items = prompts(code, phase, n, words, 1)
+        samples, wall = await closed_loop(target, items, concurrency, lambda: None)
+    finally:
+        await target.close()
+    bad = [s for s in samples if not s.ok]
+    if bad:
+        raise RuntimeError(f"{len(bad)} failed requests, e.g. {bad[0].error}")
+    return samples, wall
+
+
 async def open_loop(
     target: Target, items: list[Prompt], rate: float, seed: int, done: Callable[[], None]
 ) -> tuple[list[Sample], float]:

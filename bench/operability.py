@@ -47,7 +47,7 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 import grpc  # noqa: E402
 from harness import wait_ready  # noqa: E402
 from load import MODEL, Processes  # noqa: E402
-from loadgen import HttpTarget, closed_loop, prompts  # noqa: E402
+from loadgen import closed_run  # noqa: E402
 from opentelemetry.proto.collector.trace.v1 import (  # noqa: E402
     trace_service_pb2,
     trace_service_pb2_grpc,
@@ -118,16 +118,9 @@ def serve(procs: Processes, name: str, *argv: str) -> dict[str, Any]:
 
 async def load(base: str, args: argparse.Namespace, tag: str) -> float:
     """One closed-loop run; its wall time (raises on any failed request)."""
-    target = HttpTarget("switchyard", base, MODEL, args.tokens)
-    await target.open()
-    try:
-        items = prompts("OP", tag, args.requests, 24, 1)
-        samples, wall = await closed_loop(target, items, args.concurrency, lambda: None)
-    finally:
-        await target.close()
-    bad = [s for s in samples if not s.ok]
-    if bad:
-        raise RuntimeError(f"{len(bad)} failed requests, e.g. {bad[0].error}")
+    _, wall = await closed_run(
+        base, MODEL, args.tokens, tag, args.requests, args.concurrency, words=24, code="OP"
+    )
     return wall
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from hotspots import service_pids
 from load import MODEL, Processes, served_tokenizer_dir, start_engines, switchyard_stack
-from loadgen import HttpTarget, closed_loop, prompts
+from loadgen import closed_run
 
 HERE = Path(__file__).resolve().parent
 _ENV = "SWITCHYARD_BENCH_PROFILE"  # "callgrind:<out file>" or "cprofile:<out file>"
@@ -64,19 +64,6 @@ if _how and sys.orig_argv[1:4] == ["-m", "switchyard", "preprocessor"]:
                 _on.pop().dump_stats(_out)
         signal.signal(signal.SIGUSR1, _toggle)
 """
-
-
-async def _load(base: str, n: int, concurrency: int, tokens: int, phase: str) -> None:
-    target = HttpTarget("switchyard", base, MODEL, tokens, stream=True)
-    await target.open()
-    try:
-        items = prompts("S0", phase, n, 48, 1)
-        samples, _ = await closed_loop(target, items, concurrency, lambda: None)
-    finally:
-        await target.close()
-    bad = [s for s in samples if not s.ok]
-    if bad:
-        raise RuntimeError(f"{len(bad)} failed requests, e.g. {bad[0].error}")
 
 
 def _callgrind_round(pid: int, out: Path, run: Callable[[], None]) -> int:
@@ -148,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             pid = service_pids(up.pid)["preprocessor"]
 
             def run(phase: str, n: int) -> None:
-                asyncio.run(_load(base, n, args.concurrency, args.max_tokens, phase))
+                asyncio.run(closed_run(base, MODEL, args.max_tokens, phase, n, args.concurrency))
 
             run("warm-up", 300)
             for r in range(args.rounds):

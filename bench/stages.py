@@ -39,7 +39,7 @@ from pathlib import Path
 
 import httpx
 from load import MODEL, Processes, served_tokenizer_dir, start_engines, switchyard_stack
-from loadgen import HttpTarget, closed_loop, prompts
+from loadgen import closed_run
 from procstat import CpuMeter
 
 from switchyard.preprocessor.stages.timing import STAGES
@@ -130,16 +130,8 @@ def pct(values: list[float], q: float) -> float:
 
 async def load_run(base: str, stream: bool, n: int, concurrency: int, tokens: int) -> list[float]:
     """The TTFTs (seconds) of a closed-loop run."""
-    target = HttpTarget("switchyard", base, MODEL, tokens, stream=stream)
-    await target.open()
-    try:
-        items = prompts("S0", f"{stream}-{concurrency}", n, 48, 1)
-        samples, _ = await closed_loop(target, items, concurrency, lambda: None)
-    finally:
-        await target.close()
-    bad = [s for s in samples if not s.ok]
-    if bad:
-        raise RuntimeError(f"{len(bad)} failed requests, e.g. {bad[0].error}")
+    phase = f"{stream}-{concurrency}"
+    samples, _ = await closed_run(base, MODEL, tokens, phase, n, concurrency, stream)
     return [s.ttft for s in samples]
 
 
