@@ -24,7 +24,9 @@ BODY = {
     # Long enough that the engine is still generating when the first tokens reach the client
     # on any machine: the kill is triggered by the stream's state, never by a chunk count
     # (the preprocessor frames a batch of tokens as one chunk, so counts vary with speed).
-    "max_tokens": 400,
+    # 400 was not: on a faster CI machine no GetLoads call saw the request running. The
+    # prompt and 1500 tokens stay inside the engines' --max-model-len 2048.
+    "max_tokens": 1500,
     "temperature": 0,
     "ignore_eos": True,
 }
@@ -75,10 +77,13 @@ class TestEngineKilledMidStream:
             extra_body={"ignore_eos": True},
         )
         killed: list[str] = []
+        checks = 0
 
         def kill_the_serving_engine() -> None:
+            nonlocal checks
             if killed:
                 return
+            checks += 1
             for name in ("a", "b"):
                 engine = engine_set.all[name]
                 if running(engine):
@@ -86,8 +91,12 @@ class TestEngineKilledMidStream:
                     killed.append(name)
                     return
 
+        started = time.monotonic()
         text, reason, completion = stream_text(stack.base_url, kill_the_serving_engine)
-        assert killed, "no engine was serving the stream"
+        assert killed, (
+            f"no engine was serving the stream: {checks} GetLoads checks while "
+            f"{completion} tokens streamed in {time.monotonic() - started:.2f} s"
+        )
         assert text == reference.choices[0].message.content
         assert reason == "length" and completion == BODY["max_tokens"]
         name = killed[0]
