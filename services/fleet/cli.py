@@ -89,6 +89,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="consecutive good probes before an engine that was down is routable again",
     )
     parser.add_argument(
+        "--down-after",
+        type=whole_number(1),
+        default=3,
+        metavar="PROBES",
+        help="consecutive probes without an answer within --probe-timeout before a routable "
+        "engine is taken out (a loaded engine may miss one); a refused or reset connection, "
+        "an engine that says it is unhealthy, or a down report from a dispatcher takes it "
+        "out at once",
+    )
+    parser.add_argument(
         "--probe-interval",
         type=_seconds,
         default=2.0,
@@ -173,6 +183,7 @@ async def _serve(args: argparse.Namespace, logs: LogContext | None = None) -> in
         events=args.events,
         probe_interval=args.probe_interval,
         readmit_after=args.readmit_after,
+        down_after=args.down_after,
         probe_timeout=args.probe_timeout,
         ports=args.port_range,
         pods=pods,

@@ -86,12 +86,24 @@ def build_instance(
 class Registry:
     """Probe rounds are numbered; a down mark set while round N was the latest is cleared
     only by a successful probe from a round started after it (so a probe already in flight
-    when the report came cannot undo it)."""
+    when the report came cannot undo it).
 
-    def __init__(self, specs: Iterable[WorkerSpec] = (), readmit_after: int = 2) -> None:
+    A probe that fails outright (connection refused or reset, the engine says it is
+    unhealthy, a malformed answer) takes a routable instance out at once. A probe that got
+    no answer in time is ambiguous (a dead host, or a live engine on a loaded machine): a
+    routable instance stays routable until `down_after` of those in a row."""
+
+    def __init__(
+        self, specs: Iterable[WorkerSpec] = (), readmit_after: int = 2, down_after: int = 3
+    ) -> None:
         if readmit_after < 1:
             raise ValueError(f"readmit_after must be >= 1, got {readmit_after}")
+        if down_after < 1:
+            raise ValueError(f"down_after must be >= 1, got {down_after}")
         self.readmit_after = readmit_after
+        self.down_after = down_after
+        # Routable instances whose last probes timed out: how many in a row so far.
+        self._timeouts: dict[int, int] = {}
         self._specs: dict[int, WorkerSpec] = {}
         self._info: dict[int, EngineInfo] = {}
         self._down: dict[int, int] = {}  # instance id -> latest round when it was reported
@@ -119,6 +131,7 @@ class Registry:
             self._info.pop(spec.instance_id, None)
             self._down.pop(spec.instance_id, None)
             self._streak.pop(spec.instance_id, None)
+            self._timeouts.pop(spec.instance_id, None)
             self._draining.discard(spec.instance_id)
             self._admitted.pop(spec.instance_id, None)
         self._specs = new
@@ -167,16 +180,32 @@ class Registry:
         )
 
     def record(
-        self, instance_id: int, round_: int, info: EngineInfo | None, now: float = 0.0
+        self,
+        instance_id: int,
+        round_: int,
+        info: EngineInfo | None,
+        now: float = 0.0,
+        timed_out: bool = False,
     ) -> None:
-        """A probe result from `round_`: its info, or None when the probe failed. `now` (wall
-        clock) stamps an admission: the probe that makes the instance routable again."""
+        """A probe result from `round_`: its info, or None when the probe failed (`timed_out`:
+        it got no answer in time). `now` (wall clock) stamps an admission: the probe that
+        makes the instance routable again."""
         if instance_id not in self._specs:
             return  # removed while the probe was in flight
         was = self._admissible(instance_id)
+        if info is None and timed_out and was:
+            timeouts = self._timeouts.get(instance_id, 0) + 1
+            if timeouts < self.down_after:
+                self._timeouts[instance_id] = timeouts  # still routable, on its last info
+                return
+        self._timeouts.pop(instance_id, None)
         self._record(instance_id, round_, info)
         if not was and self._admissible(instance_id):
             self._admitted[instance_id] = now
+
+    def timeouts(self, instance_id: int) -> int:
+        """Probes of a routable instance that timed out in a row (below `down_after`)."""
+        return self._timeouts.get(instance_id, 0)
 
     def _record(self, instance_id: int, round_: int, info: EngineInfo | None) -> None:
         if info is None:

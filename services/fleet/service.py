@@ -37,6 +37,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from switchyard.common import errors
 from switchyard.common.engines import EngineInfo, connect
 from switchyard.common.engines.tls import EngineTls
 from switchyard.common.errors import EngineError
@@ -86,6 +87,7 @@ class FleetService:
         probe_interval: float = 2.0,
         probe_timeout: float = 2.0,
         readmit_after: int = 2,
+        down_after: int = 3,
         recovery_interval: float = 0.5,
         watch_interval: float = 1.0,
         prober: Prober | None = None,
@@ -113,7 +115,7 @@ class FleetService:
         )
         self._context = context
         self._own_context = context is None
-        self._registry = Registry(readmit_after=readmit_after)
+        self._registry = Registry(readmit_after=readmit_after, down_after=down_after)
         self.metrics = FleetMetrics(self._registry.states, self._registry.worker_states)
         self._state_max_age = state_max_age
         self._keeper = None if state is None else Keeper(state, self.metrics.state_writes)
@@ -315,10 +317,10 @@ class FleetService:
         now = time.monotonic()
         specs = [s for s in self._registry.specs if self._next_probe.get(s.instance_id, 0) <= now]
         results = await asyncio.gather(*(self._probe_one(spec) for spec in specs))
-        for spec, info in zip(specs, results, strict=True):
+        for spec, (info, timed_out) in zip(specs, results, strict=True):
             if not self._registry.has(spec.instance_id):
                 continue  # removed while its probe was in flight: no state left behind
-            self._registry.record(spec.instance_id, round_, info, self._wall_clock())
+            self._registry.record(spec.instance_id, round_, info, self._wall_clock(), timed_out)
             self._schedule(spec.instance_id, info is not None, now)
         await self._prober.retain({spec.url for spec in self._registry.specs})
         await self._publish()
@@ -336,11 +338,15 @@ class FleetService:
         routable = any(i.instance_id == instance_id for i in self._registry.routable())
         self._next_probe[instance_id] = now + (self._probe_interval if routable else 0.0)
 
-    async def _probe_one(self, spec: WorkerSpec) -> EngineInfo | None:
+    async def _probe_one(self, spec: WorkerSpec) -> tuple[EngineInfo | None, bool]:
+        """(what the engine reported, None when the probe failed; whether it failed for
+        want of an answer in time, which counts toward --down-after)."""
+        timed_out = False
         try:
             info = await self._prober.probe(spec)
         except EngineError as exc:
             problem = f"{exc.kind}: {exc.message}"
+            timed_out = exc.kind == errors.TIMEOUT
         except Exception as exc:  # a malformed answer must not stop the other probes
             problem = f"{type(exc).__name__}: {exc}"
         else:
@@ -348,7 +354,7 @@ class FleetService:
             self._problems.pop(spec.instance_id, None)
             self._answered.add(spec.instance_id)
             self.metrics.probes.labels("ok").inc()
-            return info
+            return info, False
         self.metrics.probes.labels("failed").inc()
         self._problems[spec.instance_id] = problem
         first = self._first_probe.setdefault(spec.instance_id, time.monotonic())
@@ -362,11 +368,18 @@ class FleetService:
             log.info("waiting for engine url=%s to answer (%s)", spec.url, problem)
             self._failing[spec.instance_id] = ""  # probe fast, as for any failing engine
         elif not starting and logged != problem:
+            down_after = self._registry.down_after
             log.warning(
-                "probe failed url=%s instance_id=%s: %s", spec.url, spec.instance_id, problem
+                "probe failed url=%s instance_id=%s: %s%s",
+                spec.url,
+                spec.instance_id,
+                problem,
+                f" (a routable engine leaves after {down_after} in a row)"
+                if timed_out and down_after > 1
+                else "",
             )
             self._failing[spec.instance_id] = problem
-        return None
+        return None, timed_out
 
     # ---- workers file -------------------------------------------------------------------
 

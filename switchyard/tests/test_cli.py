@@ -232,6 +232,7 @@ class TestRefusedAtParseTime:
             ("fleet", ["--worker", "grpc://h:1", "--control", "tcp://127.0.0.1:99999"]),
             ("fleet", ["--worker", "grpc://h:1", "--events", "x"]),
             ("fleet", ["--worker", "grpc://h:1", "--readmit-after", "0"]),
+            ("fleet", ["--worker", "grpc://h:1", "--down-after", "0"]),
         ],
     )
     def test_usage_error(self, command, argv, capsys):

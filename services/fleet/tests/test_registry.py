@@ -194,3 +194,108 @@ class TestStates:
         )
         registry.record(P.instance_id, registry.start_round(), info())
         assert ("unknown", "recovering") in registry.states()
+
+
+class TestDownAfter:
+    """A probe that timed out counts toward `down_after`; any other failed probe, and a down
+    report, take a routable instance out at once."""
+
+    def routable(self, registry: Registry) -> list[int]:
+        return [i.instance_id for i in registry.routable()]
+
+    def timeout(self, registry: Registry, spec: WorkerSpec = A) -> None:
+        registry.record(spec.instance_id, registry.start_round(), None, timed_out=True)
+
+    def probed(self, down_after: int = 3) -> Registry:
+        registry = Registry([A, B], down_after=down_after)
+        round_ = registry.start_round()
+        registry.record(A.instance_id, round_, info())
+        registry.record(B.instance_id, round_, info())
+        return registry
+
+    def test_routable_until_that_many_timeouts_in_a_row(self):
+        registry = self.probed()
+        self.timeout(registry)
+        self.timeout(registry)
+        assert registry.timeouts(A.instance_id) == 2
+        assert self.routable(registry) == [A.instance_id, B.instance_id]
+        assert registry.state(A.instance_id) == "ready"
+        self.timeout(registry)
+        assert self.routable(registry) == [B.instance_id]
+        assert registry.state(A.instance_id) == "down"
+        assert registry.timeouts(A.instance_id) == 0
+
+    def test_an_answer_starts_the_count_over(self):
+        registry = self.probed()
+        self.timeout(registry)
+        self.timeout(registry)
+        registry.record(A.instance_id, registry.start_round(), info(model="new"))
+        assert registry.timeouts(A.instance_id) == 0
+        self.timeout(registry)
+        self.timeout(registry)
+        assert A.instance_id in self.routable(registry)
+        assert registry.routable()[0].model == "new"  # the last answer's info
+
+    def test_a_refused_probe_takes_it_out_at_once(self):
+        registry = self.probed()
+        self.timeout(registry)
+        registry.record(A.instance_id, registry.start_round(), None)  # refused, reset, ...
+        assert self.routable(registry) == [B.instance_id]
+        assert registry.timeouts(A.instance_id) == 0
+
+    def test_a_down_report_takes_it_out_at_once(self):
+        registry = self.probed()
+        self.timeout(registry)
+        registry.mark_down(A.instance_id)
+        assert self.routable(registry) == [B.instance_id]
+        self.timeout(registry)  # while down, a timeout is a plain failure
+        assert registry.info(A.instance_id) is None
+
+    def test_readmitted_afresh(self):
+        registry = self.probed()
+        for _ in range(3):
+            self.timeout(registry)
+        for _ in range(registry.readmit_after):
+            registry.record(A.instance_id, registry.start_round(), info())
+        assert A.instance_id in self.routable(registry)
+        self.timeout(registry)
+        assert A.instance_id in self.routable(registry)  # a new count, not the old one
+
+    def test_timeouts_of_an_engine_not_routable_count_at_once(self):
+        """Unprobed or being re-admitted: nothing to keep routable, the streak starts over."""
+        registry = Registry([A], down_after=3)
+        self.timeout(registry)
+        assert registry.state(A.instance_id) == "probing"
+        registry.record(A.instance_id, registry.start_round(), info())
+        registry.mark_down(A.instance_id)
+        registry.record(A.instance_id, registry.start_round(), info())
+        assert registry.state(A.instance_id) == "probing"  # recovering: 1 of 2
+        self.timeout(registry)
+        registry.record(A.instance_id, registry.start_round(), info())
+        assert self.routable(registry) == []  # the streak started over
+        registry.record(A.instance_id, registry.start_round(), info())
+        assert self.routable(registry) == [A.instance_id]
+
+    def test_a_drained_instance_keeps_its_count(self):
+        registry = self.probed()
+        registry.drain(A.instance_id)
+        self.timeout(registry)
+        registry.drain(A.instance_id, False)
+        assert A.instance_id in self.routable(registry)
+        assert registry.timeouts(A.instance_id) == 1
+
+    def test_one_is_the_old_behaviour(self):
+        registry = self.probed(down_after=1)
+        self.timeout(registry)
+        assert self.routable(registry) == [B.instance_id]
+
+    def test_removed_worker_forgets_its_count(self):
+        registry = self.probed()
+        self.timeout(registry)
+        registry.configure([B])
+        registry.configure([A, B])
+        assert registry.timeouts(A.instance_id) == 0
+
+    def test_down_after_must_be_positive(self):
+        with pytest.raises(ValueError):
+            Registry([A], down_after=0)
