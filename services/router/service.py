@@ -270,12 +270,10 @@ class RouterService:
         return KvDebugReply(request_id=request.request_id, found=body is not None, body=body or {})
 
     def _handle(self, identity: bytes, message: RouterRequest) -> _Decided | None:
-        core = self.core
-        kind = type(message)  # the decoder makes these exact types: the common ones first
-        if kind is RouteRequest:
-            return self._route(message)  # type: ignore[arg-type]
-        if kind is RouteProgress:
-            core.progress(message, self.clock())  # type: ignore[arg-type]
+        if type(message) is RouteRequest:  # the decoder makes exact types: the common first
+            return self._route(message)
+        if type(message) is RouteProgress:
+            self.core.progress(message, self.clock())
             return None
         if isinstance(message, FlowAdmit | FlowRelease | FlowSync):
             if self.flow is not None:
@@ -287,14 +285,10 @@ class RouterService:
             status = self.flow.status(message) if self.flow is not None else None
             self._reply(identity, status or FlowStatus(request_id=message.request_id))
             return None
-        if isinstance(message, RouteRequest):
-            return self._route(message)
         if isinstance(message, KvDebugRequest):  # answered apart (a reply of its own)
             self._pending_debug.append(message)
-        if isinstance(message, RouteProgress):
-            core.progress(message, self.clock())
         elif isinstance(message, InstanceBusy):
-            core.mark_busy(message.instance_id, self.clock() + message.seconds)
+            self.core.mark_busy(message.instance_id, self.clock() + message.seconds)
         return None
 
     def _route(self, message: RouteRequest) -> _Decided:
