@@ -101,15 +101,17 @@ class TimeParams:
 
 
 class PrefillSpeed:
-    """One worker's fitted TTFT = base + slope x tokens."""
+    """A fitted TTFT = base + slope x tokens. With `fit=False` (a worker's own observations,
+    whose slope the cost reads through `slope_toward`) `slope` and `base` are brought up to
+    date only by `refit()`, not on every observation."""
 
-    __slots__ = ("n", "mx", "my", "vxx", "cxy", "slope", "base", "_prior_slope", "_prior_base")
+    __slots__ = ("n", "mx", "my", "vxx", "cxy", "slope", "base", "_prior_slope", "_fit")
 
-    def __init__(self, prior_slope: float, prior_base: float) -> None:
+    def __init__(self, prior_slope: float, prior_base: float, *, fit: bool = True) -> None:
         self.n = 0
         self.mx = self.my = self.vxx = self.cxy = 0.0
         self._prior_slope = prior_slope
-        self._prior_base = prior_base
+        self._fit = fit
         self.slope = prior_slope
         self.base = prior_base
 
@@ -124,6 +126,12 @@ class PrefillSpeed:
         self.my += a * dy
         self.vxx = (1 - a) * (self.vxx + a * dx * dx)
         self.cxy = (1 - a) * (self.cxy + a * dx * dy)
+        if self._fit:
+            self.refit()
+
+    def refit(self) -> None:
+        """`slope` and `base` from the observations so far (the prior's until there are
+        enough), shrunk towards the prior slope."""
         if self.n < _MIN_SAMPLES:
             return
         prior = self._prior_slope
@@ -188,18 +196,20 @@ class TimeModel:
         # The fleet's fixed part now: what first tokens took beyond their prefill, fast.
         self._level = self.params.base_s
 
-    def _new_speed(self) -> PrefillSpeed:
-        return PrefillSpeed(self.params.per_token_s, self.params.base_s)
+    def _new_speed(self, *, fit: bool = True) -> PrefillSpeed:
+        return PrefillSpeed(self.params.per_token_s, self.params.base_s, fit=fit)
 
     def _worker(self, key: WorkerKey) -> _Worker:
         worker = self._workers.get(key)
         if worker is None:
-            worker = self._workers[key] = _Worker(self._new_speed())
+            worker = self._workers[key] = _Worker(self._new_speed(fit=False))
         return worker
 
     def own_speed(self, key: WorkerKey) -> PrefillSpeed:
         """The fit of this worker's own observations (the prior until it has some)."""
-        return self._worker(key).own
+        own = self._worker(key).own
+        own.refit()
+        return own
 
     def speed(self, key: WorkerKey, now: float | None = None) -> Speed:
         """The speed the cost uses at `now` (the prior until the fleet has observations)."""
