@@ -2,7 +2,8 @@
 
 Starts two SGLang-protocol mock engines and `switchyard up` in front of them (as bench/load.py
 does), with the preprocessor under a profiler, runs a closed loop of streamed chat completions
-(48-word prompts) and reports per request, over the measured requests only (after a warm-up):
+(48-word prompts; whole replies with `--no-stream`) and reports per request, over the measured
+requests only (after a warm-up):
 
 - callgrind (default): the preprocessor's instructions per request, all its threads, counted
   only while the measured requests run (`callgrind_control -i on/off`; needs valgrind). Under
@@ -17,6 +18,7 @@ in the process started as `switchyard preprocessor`.
 
     python bench/request_cost.py                          # callgrind, 3 rounds of 300
     python bench/request_cost.py --cprofile --requests 1000
+    python bench/request_cost.py --no-stream                # non-streamed (whole) replies
     /other/checkout/.venv/bin/python bench/request_cost.py  # run from that checkout's folder
 
 Results: bench/results/request_cost.md.
@@ -105,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument(
+        "--no-stream", action="store_true", help="ask for whole replies, not streamed ones"
+    )
     parser.add_argument("--top", type=int, default=30, help="functions listed (--cprofile)")
     parser.add_argument("--out-dir", type=Path, default=HERE / "results")
     args = parser.parse_args(argv)
@@ -121,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"# Preprocessor cost per request ({'cProfile' if args.cprofile else 'callgrind'})",
         "",
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; streamed chat, 48-word prompts, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+        f"{'whole (non-streamed)' if args.no_stream else 'streamed'} chat, 48-word prompts, "
         f"--max-tokens {args.max_tokens}, concurrency {args.concurrency}, 2 mock engines, "
         f"router-mode kv; {args.rounds} rounds of {args.requests} requests; load average "
         f"{os.getloadavg()[0]:.1f}.",
@@ -135,7 +141,11 @@ def main(argv: list[str] | None = None) -> int:
             pid = service_pids(up.pid)["preprocessor"]
 
             def run(phase: str, n: int) -> None:
-                asyncio.run(closed_run(base, MODEL, args.max_tokens, phase, n, args.concurrency))
+                asyncio.run(
+                    closed_run(
+                        base, MODEL, args.max_tokens, phase, n, args.concurrency, not args.no_stream
+                    )
+                )
 
             run("warm-up", 300)
             for r in range(args.rounds):
