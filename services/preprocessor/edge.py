@@ -449,7 +449,11 @@ def _account(deps: Deps, ctx: RequestContext, status: int) -> None:
 
 async def _until_client_leaves(answer: Any, receive: Receive, http: AsgiOut) -> int:
     """Run `answer` (a coroutine returning the status); a client that goes away before the
-    answer is complete cancels it (its engine requests are then aborted)."""
+    answer is complete cancels it (its engine requests are then aborted).
+
+    Once the answer's last byte went out, `receive` returns http.disconnect (ASGI: receive
+    after the response was sent), so the watcher ends by itself on its next step: no
+    cancellation thrown through it and no wait for it here, per request."""
     task = asyncio.current_task()
     assert task is not None
     gone = False
@@ -471,6 +475,7 @@ async def _until_client_leaves(answer: Any, receive: Receive, http: AsgiOut) -> 
         task.uncancel()  # the client went away: nothing left to do for it
         return CLIENT_GONE
     finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+        if not http.done:  # no answer (an error is yet to be sent): stop watching now
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
