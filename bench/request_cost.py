@@ -13,12 +13,14 @@ requests only (after a warm-up):
 - `--cprofile`: Python calls per request and the functions with the most own time (cProfile
   of the event loop's thread; its overhead inflates Python-heavy functions).
 
-The profiler is put on the preprocessor by a sitecustomize module on PYTHONPATH that acts only
-in the process started as `switchyard preprocessor`.
+The profiler is put on the preprocessor (or, with `--service`, the dispatcher or the router)
+by a sitecustomize module on PYTHONPATH that acts only in the process started as
+`switchyard <service>`.
 
     python bench/request_cost.py                          # callgrind, 3 rounds of 300
     python bench/request_cost.py --cprofile --requests 1000
     python bench/request_cost.py --no-stream                # non-streamed (whole) replies
+    python bench/request_cost.py --service dispatcher       # another service's cost
     /other/checkout/.venv/bin/python bench/request_cost.py  # run from that checkout's folder
 
 Results: bench/results/request_cost.md.
@@ -39,16 +41,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hotspots import service_pids
+from hotspots import SERVICES, service_pids
 from load import MODEL, Processes, served_tokenizer_dir, start_engines, switchyard_stack
 from loadgen import closed_run
 
 HERE = Path(__file__).resolve().parent
-_ENV = "SWITCHYARD_BENCH_PROFILE"  # "callgrind:<out file>" or "cprofile:<out file>"
+_ENV = "SWITCHYARD_BENCH_PROFILE"  # "<service>:callgrind:<out file>" or ...:cprofile:...
 _SITECUSTOMIZE = """
 import os, shutil, sys
-_how = os.environ.get("SWITCHYARD_BENCH_PROFILE", "")
-if _how and sys.orig_argv[1:4] == ["-m", "switchyard", "preprocessor"]:
+_service, _, _how = os.environ.get("SWITCHYARD_BENCH_PROFILE", "").partition(":")
+if _how and sys.orig_argv[1:4] == ["-m", "switchyard", _service]:
     _kind, _out = _how.split(":", 1)
     if _kind == "callgrind" and not os.environ.get("SWITCHYARD_BENCH_UNDER_VALGRIND"):
         os.environ["SWITCHYARD_BENCH_UNDER_VALGRIND"] = "1"
@@ -110,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-stream", action="store_true", help="ask for whole replies, not streamed ones"
     )
+    parser.add_argument(
+        "--service", choices=SERVICES, default="preprocessor", help="the process measured"
+    )
     parser.add_argument("--top", type=int, default=30, help="functions listed (--cprofile)")
     parser.add_argument("--out-dir", type=Path, default=HERE / "results")
     args = parser.parse_args(argv)
@@ -118,13 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="request-cost-"))
     out = tmp / ("profile.prof" if args.cprofile else "callgrind.out")
     (tmp / "sitecustomize.py").write_text(_SITECUSTOMIZE)
-    os.environ[_ENV] = f"{'cprofile' if args.cprofile else 'callgrind'}:{out}"
+    os.environ[_ENV] = f"{args.service}:{'cprofile' if args.cprofile else 'callgrind'}:{out}"
     os.environ["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(tmp), os.environ.get("PYTHONPATH")])
     )
     procs = Processes(tmp)
     lines = [
-        f"# Preprocessor cost per request ({'cProfile' if args.cprofile else 'callgrind'})",
+        f"# {args.service.capitalize()} cost per request "
+        f"({'cProfile' if args.cprofile else 'callgrind'})",
         "",
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
         f"{'whole (non-streamed)' if args.no_stream else 'streamed'} chat, 48-word prompts, "
@@ -138,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         _, _, kv_urls = start_engines(procs, 2, tokenizer, 20.0, 5.0)
         slow = ["--start-timeout", "300", "--request-timeout", "600"]
         with switchyard_stack(procs, "switchyard", kv_urls, "kv", slow) as (base, up):
-            pid = service_pids(up.pid)["preprocessor"]
+            pid = service_pids(up.pid)[args.service]
 
             def run(phase: str, n: int) -> None:
                 asyncio.run(
