@@ -39,7 +39,7 @@ import os
 import ssl
 import struct
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 from urllib.parse import unquote
 
@@ -53,6 +53,7 @@ from switchyard.common.errors import EngineError
 log = logging.getLogger(__name__)
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+MAX_KNOWN_BLOCKS = 64  # header blocks kept decoded per connection (Http2Connection)
 
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY = range(8)
 WINDOW_UPDATE, CONTINUATION = 8, 9
@@ -343,7 +344,7 @@ class StreamCall:
                 why = f"{type(exc).__name__}: {exc}"
                 self.fail(status_error(grpc.StatusCode.INTERNAL, why), True)
 
-    def headers(self, block: list[tuple[str, str]], end_stream: bool) -> None:
+    def headers(self, block: Sequence[tuple[str, str]], end_stream: bool) -> None:
         """Response headers, trailers, or both at once (a trailers-only answer)."""
         status = None
         grpc_status = None
@@ -426,6 +427,7 @@ class Http2Connection(asyncio.Protocol):
         self.usable = True  # new streams may start here (not lost, no GOAWAY)
         self.lost = False
         self._decoder = hpack.Decoder()
+        self._blocks: dict[bytes, tuple[tuple[str, str], ...]] = {}  # see _decode_block
         self._reader = frames.FrameReader(MAX_MESSAGE, REFILL)
         self._on_read: Callable[[int], None] | None = None  # a Relay's (see data_received)
         self._block: list[bytes] = []  # a header block continued in CONTINUATION frames
@@ -699,8 +701,8 @@ class Http2Connection(asyncio.Protocol):
             self._block.append(payload)
         if not flags & END_HEADERS:
             return
-        try:  # every block goes through the decoder: it keeps the connection's HPACK table
-            block: list[tuple[str, str]] = self._decoder.decode(b"".join(self._block))  # type: ignore[assignment]
+        try:
+            block = self._decode_block(b"".join(self._block))
         except hpack.HPACKError as exc:
             self._protocol_error(f"undecodable headers: {exc}")
             return
@@ -708,6 +710,31 @@ class Http2Connection(asyncio.Protocol):
         call = self.calls.get(self._block_stream)
         if call is not None:
             call.headers(block, self._block_end)
+
+    def _decode_block(self, data: bytes) -> tuple[tuple[str, str], ...]:
+        """A header block's headers. The decoder keeps the connection's HPACK table, so every
+        block that may change it goes through the decoder. An engine's blocks repeat byte for
+        byte (every response's status and content type, every success's trailers), as indexed
+        references once the table holds their headers: a block whose decoding left the table
+        as it was decodes the same while the table stays so, and is kept by its bytes until
+        the table changes (per request, two decodes in Python fewer)."""
+        known = self._blocks.get(data)
+        if known is not None:
+            return known
+        table = self._decoder.header_table
+        entries = table.dynamic_entries
+        # An insertion puts a new entry first (kept alive here, so it cannot be this one),
+        # an eviction or a clear shortens the table, a size update changes its size.
+        first, count, size = entries[0] if entries else None, len(entries), table.maxsize
+        block: tuple[tuple[str, str], ...] = tuple(self._decoder.decode(data))  # type: ignore[arg-type]
+        blocks = self._blocks
+        same = (entries[0] if entries else None) is first and len(entries) == count
+        if same and table.maxsize == size:
+            if len(blocks) < MAX_KNOWN_BLOCKS:
+                blocks[data] = block
+        elif blocks:
+            blocks.clear()  # the indexes the known blocks refer to may mean other headers now
+        return block
 
     def _control(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
         transport = self.transport

@@ -511,6 +511,40 @@ class TestFraming:
         assert got == [] and error.kind == errors.ENGINE_ERROR and "padding" in error.message
 
 
+class TestHeaderBlocks:
+    """Header blocks kept decoded by their bytes (Http2Connection._decode_block) decode as
+    the connection's HPACK decoder alone would, also once the table changed under them."""
+
+    async def test_known_blocks_follow_the_hpack_table(self):
+        conn = http2.Http2Connection(None)  # type: ignore[arg-type]
+        alone = hpack.Decoder()
+
+        def both(block: bytes) -> tuple[object, object]:
+            got: list[object] = []
+            for decode in (conn._decode_block, alone.decode):
+                try:
+                    got.append(list(decode(block)))
+                except hpack.HPACKError as exc:
+                    got.append(type(exc))
+            return got[0], got[1]
+
+        encoder = hpack.Encoder()
+        trailer = [("grpc-status", "0"), ("x-engine", "a")]
+        first = encoder.encode(trailer)  # inserts both headers in the table
+        again = encoder.encode(trailer)  # refers to them by index
+        assert first != again
+        sent = [first, again, again]
+        sent.append(encoder.encode([("x-other", "b")]))  # a new entry: the indexes move
+        sent.append(again)  # the same bytes now name other headers
+        encoder.header_table_size = 40  # a size update: the entries are evicted
+        sent += [encoder.encode(trailer), again]  # now an index past the table
+        for block in sent:
+            kept, decoded = both(block)
+            assert kept == decoded
+        assert decoded is hpack.exceptions.InvalidTableIndex
+        assert again not in conn._blocks
+
+
 def complete(*ids: int) -> vpb.GenerateResponse:
     done = vpb.GenerateComplete(output_ids=ids, finish_reason="length", prompt_tokens=3)
     return vpb.GenerateResponse(complete=done)
