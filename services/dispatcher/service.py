@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -99,6 +100,11 @@ class DispatcherService:
         # Per instance: what its engine connection calls after a read that relayed token
         # chunks into the outbox's batches (see _relayed).
         self._on_relayed: dict[int, Callable[[int], None]] = {}
+        # Per worker (model, URL): its in-flight and generations series, and its engine TTFT
+        # series once a request is timed, looked up once rather than per request (prometheus'
+        # labels() takes a lock and builds the series' key).
+        self._series: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self._ttft: dict[tuple[str, str], Callable[[float], None]] = {}
 
     async def run(
         self,
@@ -251,7 +257,13 @@ class DispatcherService:
 
         metrics = self.metrics
         worker = self._worker(request)
-        in_flight = metrics.in_flight.labels(*worker)
+        series = self._series.get(worker)
+        if series is None:
+            series = self._series[worker] = (
+                metrics.in_flight.labels(*worker),
+                metrics.generations.labels(*worker),
+            )
+        in_flight, generations = series
         on_error = metrics.errors.labels
 
         def count(kind: str) -> None:
@@ -264,15 +276,15 @@ class DispatcherService:
             # (the vLLM prefill leg); else it times the whole generation.
             ttft = None
             if request.stream or request.sampling.max_tokens == 1:
-                ttft = metrics.engine_ttft.labels(*worker).observe
+                ttft = self._ttft.get(worker)
+                if ttft is None:
+                    ttft = self._ttft[worker] = metrics.engine_ttft.labels(*worker).observe
             # Only the C frame reader relays: the Python one's hand-read protobuf costs more
             # per token than protobuf's own decoder (bench/dispatch_path.py).
             relay = None
             if frames.NATIVE:
                 relay = Relay(self._outbox.batch(peer), self._relayed(request.instance_id))
-            job = run_generation(
-                client, request, send, self._report_down, count, ttft, relay
-            )
+            job = run_generation(client, request, send, self._report_down, count, ttft, relay)
         task = asyncio.create_task(job)
         self._tasks[key] = task
         self._instance_of[key] = request.instance_id
@@ -280,7 +292,7 @@ class DispatcherService:
         streams.add(key)
         pool = self.pool
         pool.attach(client, key)
-        metrics.generations.labels(*worker).inc()
+        generations.inc()
         in_flight.inc()
 
         def done(_task: asyncio.Task[None]) -> None:
