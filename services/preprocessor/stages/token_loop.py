@@ -198,7 +198,12 @@ class TokenLoop:
         if isinstance(att.stream, HopStream):
             att.stream.started = True
         self.firsts.append(att)
-        self.watchdog.arm()  # its deadline is now the (shorter) gap timeout
+        # A streamed attempt's deadline is now the (shorter) gap timeout. A whole one's
+        # timeout stays what it was, and its deadline only moves later (from `att.last`),
+        # which the watchdog's timer finds when it fires: no re-arm, per request, for the
+        # one reply that usually ends it.
+        if not att.whole:
+            self.watchdog.arm()
 
     def _finished(self, gen: Generation, choice: ChoiceOutput, reply: GenerateFinished) -> None:
         """The engine's end of a choice: its held-back output, its finish."""

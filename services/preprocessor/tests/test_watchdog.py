@@ -44,6 +44,20 @@ class TestWatchdog:
         assert watchdog.overdue() == [whole] and watchdog.timeout(whole) == 33.0
         watchdog.cancel()
 
+    async def test_a_deadline_that_moved_later_is_found_when_the_timer_fires(self):
+        """The token loop does not re-arm for a whole attempt's reply (its timeout does not
+        change with it): the timer, armed for the old deadline, re-arms for the new one."""
+        loop = asyncio.get_running_loop()
+        queue = ReplyQueue()
+        whole = attempt(loop.time(), got_tokens=False, whole=True, max_tokens=1)
+        watchdog = Watchdog(queue, [whole.gen], 0.02, 0.01)
+        watchdog.arm()  # due in 0.03 s
+        whole.last = loop.time() + 60.0  # a reply came: due a minute later
+        await asyncio.sleep(0.05)  # the timer (due first) has fired by now
+        assert not watchdog.expired and queue.qsize() == 0 and watchdog.overdue() == []
+        assert watchdog._handle is not None  # re-armed: it still watches the attempt
+        watchdog.cancel()
+
     async def test_deadline_wakes_the_loop_and_ends_the_request(self):
         loop = asyncio.get_running_loop()
         queue = ReplyQueue()
