@@ -155,34 +155,36 @@ class SglangClient(EngineClient):
             raise wire.refuse("seed", "SGLang engines take no seed (their SamplingParams has none)")
         if s.n < 1:
             raise wire.refuse("n", f"must be at least 1, got {s.n}")
-        params = pb.SamplingParams(
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=wire.int32("top_k", s.top_k),  # SGLang: -1 means no top-k
-            min_p=s.min_p,
-            frequency_penalty=s.frequency_penalty,
-            presence_penalty=s.presence_penalty,
-            repetition_penalty=s.repetition_penalty,
-            max_new_tokens=wire.uint32("max_tokens", s.max_tokens),
-            min_new_tokens=wire.uint32("min_tokens", s.min_tokens),
-            stop_token_ids=wire.uint32s("stop_token_ids", s.stop_token_ids),
-            ignore_eos=s.ignore_eos,
-            skip_special_tokens=True,
-            spaces_between_special_tokens=True,
-            n=wire.uint32("n", s.n),
+        # Submessages as dicts, set in place: a message given here is copied in (upb
+        # serializes and parses it again), the prompt's ids with it, per request.
+        built = pb.GenerateRequest(
+            request_id=request.request_id,
+            tokenized={"input_ids": request.token_ids},
+            sampling_params={
+                "temperature": s.temperature,
+                "top_p": s.top_p,
+                "top_k": wire.int32("top_k", s.top_k),  # SGLang: -1 means no top-k
+                "min_p": s.min_p,
+                "frequency_penalty": s.frequency_penalty,
+                "presence_penalty": s.presence_penalty,
+                "repetition_penalty": s.repetition_penalty,
+                "max_new_tokens": wire.uint32("max_tokens", s.max_tokens),
+                "min_new_tokens": wire.uint32("min_tokens", s.min_tokens),
+                "stop_token_ids": wire.uint32s("stop_token_ids", s.stop_token_ids),
+                "ignore_eos": s.ignore_eos,
+                "skip_special_tokens": True,
+                "spaces_between_special_tokens": True,
+                "n": wire.uint32("n", s.n),
+            },
+            stream=request.stream,
+            require_reasoning=request.reasoning,
         )
+        params = built.sampling_params
         if s.logit_bias:
             wire.uint32s("logit_bias", s.logit_bias)
             params.logit_bias.update({str(token): bias for token, bias in s.logit_bias.items()})
         if s.constraint is not None:
             _constraint(params, s.constraint)
-        built = pb.GenerateRequest(
-            request_id=request.request_id,
-            tokenized=pb.TokenizedInput(input_ids=request.token_ids),
-            sampling_params=params,
-            stream=request.stream,
-            require_reasoning=request.reasoning,
-        )
         if request.logprobs is not None or request.prompt_logprobs is not None:
             built.return_logprob = True
             top = max(request.logprobs or 0, request.prompt_logprobs or 0)
@@ -205,9 +207,7 @@ class SglangClient(EngineClient):
 
     @staticmethod
     def build_embed_request(request_id: str, token_ids: list[int]) -> pb.EmbedRequest:
-        return pb.EmbedRequest(
-            request_id=request_id, tokenized=pb.TokenizedInput(input_ids=token_ids)
-        )
+        return pb.EmbedRequest(request_id=request_id, tokenized={"input_ids": token_ids})
 
     def _reasoning_tokens(self, done: pb.GenerateComplete) -> int:
         return int(done.reasoning_tokens)

@@ -80,22 +80,30 @@ class VllmClient(EngineClient):
         s = request.sampling
         if s.n < 1:
             raise wire.refuse("n", f"must be at least 1, got {s.n}")
-        params = pb.SamplingParams(
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=wire.uint32("top_k", max(s.top_k, 0)),  # vLLM: 0 means no top-k
-            min_p=s.min_p,
-            frequency_penalty=s.frequency_penalty,
-            presence_penalty=s.presence_penalty,
-            repetition_penalty=s.repetition_penalty,
-            max_tokens=wire.uint32("max_tokens", s.max_tokens),
-            min_tokens=wire.uint32("min_tokens", s.min_tokens),
-            stop_token_ids=wire.uint32s("stop_token_ids", s.stop_token_ids),
-            ignore_eos=s.ignore_eos,
-            skip_special_tokens=True,
-            spaces_between_special_tokens=True,
-            n=wire.uint32("n", s.n),
+        # Submessages as dicts, set in place: a message given here is copied in (upb
+        # serializes and parses it again), the prompt's ids with it, per request.
+        built = pb.GenerateRequest(
+            request_id=request.request_id,
+            tokenized={"input_ids": request.token_ids},
+            sampling_params={
+                "temperature": s.temperature,
+                "top_p": s.top_p,
+                "top_k": wire.uint32("top_k", max(s.top_k, 0)),  # vLLM: 0 means no top-k
+                "min_p": s.min_p,
+                "frequency_penalty": s.frequency_penalty,
+                "presence_penalty": s.presence_penalty,
+                "repetition_penalty": s.repetition_penalty,
+                "max_tokens": wire.uint32("max_tokens", s.max_tokens),
+                "min_tokens": wire.uint32("min_tokens", s.min_tokens),
+                "stop_token_ids": wire.uint32s("stop_token_ids", s.stop_token_ids),
+                "ignore_eos": s.ignore_eos,
+                "skip_special_tokens": True,
+                "spaces_between_special_tokens": True,
+                "n": wire.uint32("n", s.n),
+            },
+            stream=request.stream,
         )
+        params = built.sampling_params
         if s.seed is not None:
             params.seed = wire.int32("seed", s.seed)
         if s.logit_bias:
@@ -109,12 +117,6 @@ class VllmClient(EngineClient):
             params.logprobs = wire.int32("logprobs", request.logprobs)
         if request.prompt_logprobs is not None:
             params.prompt_logprobs = wire.int32("prompt_logprobs", request.prompt_logprobs)
-        built = pb.GenerateRequest(
-            request_id=request.request_id,
-            tokenized=pb.TokenizedInput(input_ids=request.token_ids),
-            sampling_params=params,
-            stream=request.stream,
-        )
         if request.kv_transfer_params_json is not None:
             built.kv_transfer_params_json = request.kv_transfer_params_json
         if request.data_parallel_rank is not None:
@@ -123,9 +125,7 @@ class VllmClient(EngineClient):
 
     @staticmethod
     def build_embed_request(request_id: str, token_ids: list[int]) -> pb.EmbedRequest:
-        return pb.EmbedRequest(
-            request_id=request_id, tokenized=pb.TokenizedInput(input_ids=token_ids)
-        )
+        return pb.EmbedRequest(request_id=request_id, tokenized={"input_ids": token_ids})
 
     def _kv_transfer_params(self, done: pb.GenerateComplete) -> str | None:
         return done.kv_transfer_params_json or None
