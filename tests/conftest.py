@@ -1,8 +1,12 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 # The e2e helpers live beside the tests (tests/stack.py).
 sys.path.insert(0, str(Path(__file__).parent))
+
+import e2e_stack  # noqa: E402
 
 REAL_ENGINES = Path(__file__).parent / "real_engines"
 
@@ -20,3 +24,17 @@ def pytest_ignore_collect(collection_path, config):
     if not config.getoption("--real-engines") and collection_path.is_relative_to(REAL_ENGINES):
         return True
     return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """The e2e stacks' logs: a failed test's report lists those it saw (they stay); the
+    logs of stacks stopped during a test that passed are removed when it ends."""
+    report = yield
+    if report.failed:
+        seen = e2e_stack.LOGS.failed()
+        if seen:
+            report.sections.append(("switchyard logs (kept)", "\n".join(map(str, seen))))
+    if report.when == "teardown":
+        e2e_stack.LOGS.test_ended()
+    return report

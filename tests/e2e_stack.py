@@ -3,6 +3,10 @@
 Every process binds its own ports (port 0) and reports them in a ready file, so no port is
 picked by the test and bound by a child; readiness is polled with a deadline, and teardown
 stops the whole process tree and checks that nothing was left running.
+
+The processes' logs (switchyard-NAME-*.log in the temp folder) are removed once the tests
+that saw them passed, and stay when one failed: its report names them (LOGS, settled by
+tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -27,6 +31,43 @@ import httpx
 from switchyard.common.ports import read_ready_file
 
 LOCAL = "tcp://127.0.0.1:0"  # a free loopback port, searched by the process that binds it
+
+
+class LogFiles:
+    """The log files of the stacks and processes started here. Under pytest, the logs of a
+    stack that stopped during a test are removed when that test ends, unless a test failed
+    while they were written (or as they stopped): those stay, and the failed test's report
+    lists them. Outside pytest nothing removes them."""
+
+    def __init__(self) -> None:
+        self.writing: list[Path] = []  # of a stack or process still running
+        self.stopped: list[Path] = []  # stopped since the last test ended
+        self.kept: set[Path] = set()
+
+    def started(self, path: Path) -> None:
+        self.writing.append(path)
+
+    def stop(self, paths: list[Path]) -> None:
+        for path in paths:
+            if path in self.writing:
+                self.writing.remove(path)
+                self.stopped.append(path)
+
+    def failed(self) -> list[Path]:
+        """A test failed: the logs it saw stay. Returns them."""
+        seen = [*self.writing, *self.stopped]
+        self.kept.update(seen)
+        return seen
+
+    def test_ended(self) -> None:
+        """Remove the logs stopped during the test that ended, but those kept."""
+        for path in self.stopped:
+            if path not in self.kept:
+                path.unlink(missing_ok=True)
+        self.stopped.clear()
+
+
+LOGS = LogFiles()
 
 
 def http_status(url: str) -> int | None:
@@ -105,6 +146,7 @@ def running_stack(*up_args: str, ready: bool = True, timeout: float = 60.0) -> I
         start_new_session=True,
     )
     stack = Stack("", proc, Path(log_file.name), ready_path)
+    LOGS.started(stack.log_path)
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -137,6 +179,7 @@ def running_stack(*up_args: str, ready: bool = True, timeout: float = 60.0) -> I
                 os.kill(pid, signal.SIGKILL)
         log_file.close()
         ready_path.unlink(missing_ok=True)
+        LOGS.stop([stack.log_path])
         assert not leftovers, f"processes left running after the stack stopped: {leftovers}"
 
 
@@ -197,13 +240,16 @@ class Processes:
 
     def __init__(self) -> None:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.logs: dict[str, Path] = {}
+        self.logs: dict[str, Path] = {}  # each name's latest
+        self.every_log: list[Path] = []  # restarts' too
 
     def start(
         self, name: str, *args: str, env: dict[str, str] | None = None
     ) -> subprocess.Popen[bytes]:
         """`env`: variables added to this process's environment for the child."""
         log = Path(tempfile.mkstemp(prefix=f"switchyard-{name}-", suffix=".log")[1])
+        self.every_log.append(log)
+        LOGS.started(log)
         with log.open("ab") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "switchyard", *args],
@@ -257,6 +303,7 @@ class Processes:
                 proc.kill()
                 proc.wait()
                 stuck.append(name)
+        LOGS.stop(self.every_log)
         if stuck:
             raise AssertionError(f"{', '.join(stuck)} did not stop on SIGTERM")
 
