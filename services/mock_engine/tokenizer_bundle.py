@@ -62,18 +62,28 @@ def served_tokenizer_config(facts: TokenizerFacts) -> dict[str, Any]:
     return config
 
 
+def _entry(name: str) -> zipfile.ZipInfo:
+    """A zip entry stamped with a fixed time, not the clock's: the same files make the same
+    zip, so every mock serving them shares one unpacked folder (named by the digest)."""
+    info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.external_attr = 0o644 << 16
+    return info
+
+
 def build_bundle(facts: TokenizerFacts, context_length: int) -> tuple[bytes, str]:
     """The zip's bytes and their hex SHA-256 (blocking: file I/O and deflate)."""
+    files = {
+        "tokenizer.json": (facts.directory / "tokenizer.json").read_bytes(),
+        "tokenizer_config.json": json.dumps(
+            served_tokenizer_config(facts), indent=2, ensure_ascii=False
+        ),
+        "config.json": json.dumps(served_model_config(facts, context_length), indent=2),
+    }
     buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        archive.write(facts.directory / "tokenizer.json", "tokenizer.json")
-        archive.writestr(
-            "tokenizer_config.json",
-            json.dumps(served_tokenizer_config(facts), indent=2, ensure_ascii=False),
-        )
-        archive.writestr(
-            "config.json", json.dumps(served_model_config(facts, context_length), indent=2)
-        )
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, content in files.items():
+            archive.writestr(_entry(name), content)
     data = buffer.getvalue()
     return data, hashlib.sha256(data).hexdigest()
 

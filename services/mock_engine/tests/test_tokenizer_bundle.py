@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import time
 import zipfile
 from typing import Any
 
@@ -12,7 +13,14 @@ import jinja2
 import pytest
 from smg_grpc_proto.generated import common_pb2
 
-from switchyard.mock_engine.tokenizer_bundle import CHUNK_SIZE, bundle_slices, default_chat_template
+from switchyard.mock_engine.config import default_tokenizer_dir
+from switchyard.mock_engine.tokenizer_bundle import (
+    CHUNK_SIZE,
+    build_bundle,
+    bundle_slices,
+    default_chat_template,
+)
+from switchyard.mock_engine.tokenizer_facts import load_tokenizer_facts
 
 
 async def fetch(stub: Any) -> list[Any]:
@@ -64,6 +72,17 @@ class TestGetTokenizer:
             on_disk = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
             assert on_disk == served
             assert json.loads(on_disk["tokenizer_config.json"])["chat_template"]
+
+
+class TestBuild:
+    def test_same_files_same_zip_at_any_time(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Regression: entries were stamped with the clock, so each mock start built a zip of
+        its own digest and unpacked another folder (~7 MB) into the temporary directory."""
+        facts = load_tokenizer_facts(default_tokenizer_dir())
+        first = build_bundle(facts, 512)
+        later = time.time() + 86400 * 400  # the zip format stamps to 2 s: a day apart
+        monkeypatch.setattr(time, "time", lambda: later)
+        assert build_bundle(facts, 512) == first
 
 
 class TestSlices:
