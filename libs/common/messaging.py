@@ -115,7 +115,10 @@ class LoopSocket:
 
     ZMQ's FD is edge-triggered and a send may consume the wake-up of a message that arrived in
     the meantime, so after each send the socket's events are read, and a message found waiting
-    is drained on the next loop iteration.
+    is drained on the next loop iteration. Each `ZMQ_EVENTS` read costs libzmq a `getpid` and
+    a `poll`, so a drain reads them only between messages (a wake-up's first message is just
+    received; a spurious wake-up meets zmq.Again), and a send from `on_message` during a
+    drain leaves the check to the drain's own next read.
     With unbounded HWMs a send never waits (`zmq.Again` is retried from a timer all the same);
     a ROUTER_MANDATORY send to a peer that is gone raises ZMQError to the caller.
     """
@@ -132,28 +135,39 @@ class LoopSocket:
         self._multipart = multipart
         self._loop = asyncio.get_running_loop()
         self._drain_soon = False
+        self._draining = False  # in _drain: its next ZMQ_EVENTS read covers what sends miss
         self._backlog: list[tuple[bool, Any]] = []  # sends that met zmq.Again, in order
         self._closed = False
         self._loop.add_reader(sock.FD, self._drain)
         self._loop.call_soon(self._drain)  # messages that came before the reader was added
 
     def _drain(self) -> None:
+        # Every way out but closing passes a ZMQ_EVENTS read or a failed recv, both of which
+        # process libzmq's pending commands: the FD is re-armed for the next message.
         self._drain_soon = False
         sock, handle, multipart = self.sock, self._on_message, self._multipart
-        while not self._closed and _get(sock, _EVENTS) & _POLLIN:  # type: ignore[arg-type,operator]
-            try:
-                message = recv_multipart_now(sock) if multipart else _recv(sock, _NOBLOCK)
-            except zmq.Again:
-                break
-            try:
-                handle(message)
-            except Exception:  # one bad message must not stop the socket
-                log.exception("message handler failed")
+        self._draining = True
+        try:
+            while not self._closed:
+                try:
+                    message = recv_multipart_now(sock) if multipart else _recv(sock, _NOBLOCK)
+                except zmq.Again:
+                    break
+                try:
+                    handle(message)
+                except Exception:  # one bad message must not stop the socket
+                    log.exception("message handler failed")
+                if self._closed or not _get(sock, _EVENTS) & _POLLIN:  # type: ignore[arg-type,operator]
+                    break
+        finally:
+            self._draining = False
 
     def _sent(self) -> None:
         # Asked here rather than on the next iteration: a drain scheduled after every send
         # cost the loop one more iteration per send, a poll that almost always finds nothing.
-        if not self._drain_soon and not self._closed and _get(self.sock, _EVENTS) & _POLLIN:  # type: ignore[arg-type,operator]
+        if self._draining or self._drain_soon or self._closed:
+            return
+        if _get(self.sock, _EVENTS) & _POLLIN:  # type: ignore[arg-type,operator]
             self._drain_soon = True
             self._loop.call_soon(self._drain)
 
