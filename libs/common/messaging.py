@@ -84,15 +84,20 @@ _send = zmq.backend.Socket.send
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
 _EVENTS = int(zmq.EVENTS)
-_RCVMORE = int(zmq.RCVMORE)
 _POLLIN = int(zmq.POLLIN)
 
 
 def recv_multipart_now(sock: zmq.Socket[Any]) -> list[bytes]:
-    """Every frame of the next message, without waiting (raises zmq.Again when none)."""
-    frames = [_recv(sock, _NOBLOCK)]
-    while _get(sock, _RCVMORE):
-        frames.append(_recv(sock, _NOBLOCK))
+    """Every frame of the next message, without waiting (raises zmq.Again when none).
+
+    Received as zmq.Frame (copy off) for its `more` flag: asking the socket for RCVMORE goes
+    through pyzmq's option lookup, a third more per two-frame message (docs/benchmarks.md,
+    "The router's request path")."""
+    frame = _recv(sock, _NOBLOCK, False)
+    frames = [frame.bytes]
+    while frame.more:
+        frame = _recv(sock, _NOBLOCK, False)
+        frames.append(frame.bytes)
     return frames
 
 
