@@ -110,7 +110,10 @@ class PromptHashes:
         reuse: list[int] = [first]
         if recent is not None:
             self._lru.move_to_end(key)
+            two = data[: 2 * step]  # most recent prompts part from this one at block 1
             for other in recent:
+                if not other.data.startswith(two):
+                    continue  # (they share block 0 only: nothing to reuse)
                 known = other.known
                 # block 0 is shared (the same key); no further than `other` is hashed
                 common = common_prefix(data, other.data, step, 1, min(n, len(known)))

@@ -68,6 +68,25 @@ def test_common_prefix():
     assert common_prefix(pack([2**64 - 1, 7]), pack([2**64 - 1, 7])) == 2
 
 
+def test_overlaps_are_the_longest_common_prefix_of_what_is_filed():
+    """The lookup's shortcut (a booking that parts at the second block) gives the depths the
+    full search gives, for depths 0, 1 and more, and for one-block prompts."""
+    import random
+
+    rng = random.Random(3)
+    b = Bookings(per_worker=3)
+    for _ in range(300):
+        hashes = [1] + [rng.choice((2, 3)) for _ in range(rng.randrange(0, 4))]
+        if rng.random() < 0.5:
+            b.add(rng.choice((A, B)), hashes, now=0)
+        else:
+            expected = {
+                worker: max(common_prefix(pack(hashes), booked) for booked, _ in filed)
+                for worker, filed in b._filed.get((1, 8), {}).items()
+            }
+            assert b.overlaps(hashes, now=1) == expected
+
+
 class TestBookedTokenBytes:
     """The core books a prompt's token bytes (no hash beyond the first): lookups must read
     as the hash-based ones do."""
