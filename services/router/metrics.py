@@ -1,6 +1,8 @@
 """The router's Prometheus metrics (served on --metrics-port, default 7290). Decision metrics
 are updated per route; KV ingestion counters, index sizes, plugin timings and per-worker load
 are read at scrape time (nothing on the ingestion or routing hot path beyond plain counters).
+The decision histograms are LoopHistograms: the router observes them on its event loop only,
+and prometheus-client's Histogram took a lock per observation (three per decision).
 
 Label sets: `mode` a routing policy, `model` a served model, `worker` an engine URL from
 fleet's set, `dp_rank` a data-parallel rank, `plugin` a configured routing plugin (all
@@ -12,10 +14,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from switchyard.common.loop_histogram import LoopHistogram
 from switchyard.common.metrics import service_registry
 from switchyard.protos.messages import Instance
 from switchyard.router.framework import PluginStats
@@ -234,22 +237,22 @@ class RouterMetrics:
             ["model", "worker"],
             registry=self.registry,
         )
-        self.latency = Histogram(
+        self.latency = LoopHistogram(
             "switchyard_router_decision_seconds",
             "time to take one routing decision",
-            buckets=_LATENCY_BUCKETS,
+            _LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self.hit_ratio = Histogram(
+        self.hit_ratio = LoopHistogram(
             "switchyard_router_predicted_hit_ratio",
             "overlap blocks / prompt blocks of the chosen worker",
-            buckets=_RATIO_BUCKETS,
+            _RATIO_BUCKETS,
             registry=self.registry,
         )
-        self.predicted_ttft = Histogram(
+        self.predicted_ttft = LoopHistogram(
             "switchyard_router_predicted_ttft_seconds",
             "the chosen worker's predicted time to first token",
-            buckets=_TTFT_BUCKETS,
+            _TTFT_BUCKETS,
             registry=self.registry,
         )
         self.registry.register(
