@@ -177,6 +177,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--mock-arg=--prefill-ms-per-token=0.2)",
     )
     parser.add_argument(
+        "--fleet-arg",
+        action="append",
+        default=[],
+        help="extra flag passed to fleet (repeat; e.g. --fleet-arg=--down-after=5)",
+    )
+    parser.add_argument(
         "--router-arg",
         action="append",
         default=[],
@@ -442,7 +448,8 @@ class Launcher:
             if args.workers_file:
                 cmd += ["--workers-file", args.workers_file]
             state = (args.state_dir or self.folder) / FLEET_STATE
-            return cmd + ["--state-file", str(state)] + self._metrics(report)
+            cmd += ["--state-file", str(state), *self._metrics(report)]
+            return cmd + args.fleet_arg  # last: the operator's flags win
 
         fleet_report = self.stage([("fleet", fleet)], FLEET)["fleet"]
         stack.reports["fleet"] = fleet_report

@@ -11,6 +11,7 @@ import signal
 
 import httpx
 import openai
+import pytest
 from e2e_stack import LOCAL, Processes, messages, running_stack, wait_until
 
 MODEL = "deepseek-mock"
@@ -108,3 +109,22 @@ def test_admin_changes_survive_a_fleet_restart(tmp_path):
             log = messages(stack.log())
             serving = [line for line in log if "is serving the OpenAI API" in line]
             assert len(serving) == 1 and all(url in serving[0] for url in flagged)
+
+
+class TestFleetArg:
+    """`up --fleet-arg` reaches fleet after `up`'s own flags, so the operator's value wins."""
+
+    def test_it_overrides_ups_own_flags(self, tmp_path):
+        elsewhere = tmp_path / "elsewhere" / "fleet.sqlite"
+        elsewhere.parent.mkdir()
+        with running_stack(
+            "--mock-engines", "vllm", "--state-dir", str(tmp_path),
+            f"--fleet-arg=--state-file={elsewhere}",
+        ):  # fmt: skip
+            wait_until(elsewhere.exists, 60, what="fleet's state in the file it was given")
+        assert not (tmp_path / "fleet-state.sqlite").exists()
+
+    def test_a_bad_one_stops_up_naming_it(self):
+        with pytest.raises(RuntimeError, match="argument --down-after: must be at least 1"):
+            with running_stack("--mock-engines", "vllm", "--fleet-arg=--down-after=0"):
+                pass
