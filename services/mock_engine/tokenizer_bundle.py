@@ -73,7 +73,7 @@ def _entry(name: str) -> zipfile.ZipInfo:
 
 def build_bundle(facts: TokenizerFacts, context_length: int) -> tuple[bytes, str]:
     """The zip's bytes and their hex SHA-256 (blocking: file I/O and deflate)."""
-    files = {
+    files: dict[str, bytes | str] = {
         "tokenizer.json": (facts.directory / "tokenizer.json").read_bytes(),
         "tokenizer_config.json": json.dumps(
             served_tokenizer_config(facts), indent=2, ensure_ascii=False
