@@ -24,7 +24,8 @@ BUILD_REQUIRES := $(PY) -c 'import tomllib; print("\n".join(tomllib.load(open("p
 
 # The C extensions' sources too: the editable install builds them in place.
 $(STAMP): $(DEV_LOCK) pyproject.toml \
-	$(wildcard libs/common/*.c libs/common/engines/*.[ch] services/router/kv/*.c)
+	$(wildcard libs/common/*.c libs/common/engines/*.[ch] services/router/kv/*.c \
+	services/preprocessor/*.c)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --require-hashes -r $(DEV_LOCK)
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
@@ -61,8 +62,10 @@ e2e: $(STAMP) postgres nss-wrapper
 
 # The C extensions turned off (SWITCHYARD_NATIVE=0, libs/common/native.py) over the suites
 # that reach their pure-Python forms: the shared libraries, the dispatcher, the router (KV
-# index, block hashes) and the OpenAI API end to end (every process they start inherits it).
-PURE_TESTS := libs services/dispatcher services/router tests/test_openai_api.py
+# index, block hashes), the prompt's pre-tokens and the OpenAI API end to end (every process
+# they start inherits it).
+PURE_TESTS := libs services/dispatcher services/router tests/test_openai_api.py \
+	services/preprocessor/tests/test_pretokens.py
 test-pure: $(STAMP) postgres
 	SWITCHYARD_NATIVE=0 $(BIN)/pytest -q $(PURE_TESTS)
 

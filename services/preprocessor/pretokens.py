@@ -14,6 +14,10 @@ add nothing around it: an identity normalizer, BPE without dropout, no truncatio
 Text with another character, or with a character an added token starting in ASCII starts with
 (`<think>`, `<|EOT|>`: added tokens are split out before pre-tokenization), returns None: the
 caller encodes it as before.
+
+The split and the cache look-up of a text run in one C call where the extension is built
+(_pretokens.c, for DeepSeek-V3's pre-tokenizer); `cached_ids` is their Python form, of the same
+output (SWITCHYARD_NATIVE=0 or no C compiler: common/native.py).
 """
 
 from __future__ import annotations
@@ -21,10 +25,17 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from itertools import chain
-from typing import Any
+from typing import Any, cast
 
 from tokenizers import Tokenizer, models
+
+from switchyard.common.native import load
+
+# The C extension, unless not built or turned off (SWITCHYARD_NATIVE=0, common/native.py).
+native: Any = load("switchyard.preprocessor._pretokens")
 
 MAX_PIECES = 1 << 16  # pre-tokens kept; the cache starts over (from its warm set) when full
 MAX_PIECE_CHARS = 64  # longer pre-tokens (runs of spaces, long words) are not kept
@@ -83,15 +94,48 @@ def _deepseek_v3(text: str) -> list[str] | None:
 # Every run of 1 to 3 digits: numbers would otherwise keep missing the cache until all were seen.
 _DIGIT_GROUPS = [f"{n:0{width}d}" for width in (1, 2, 3) for n in range(10**width)]
 
-# (pre-tokenizer config, its split in Python, the pre-tokens cached up front)
-KNOWN: list[tuple[dict[str, Any], Callable[[str], list[str] | None], list[str]]] = [
-    (_DEEPSEEK_V3, _deepseek_v3, _DIGIT_GROUPS),
+# A text's ids (a list), the pre-tokens not in the cache yet (a tuple), or None (not plain).
+Found = list[int] | tuple[str, ...] | None
+# The C form of `cached_ids` for a split: (plain characters, cache, text) -> Found
+Native = Callable[[bytes, dict[str, list[int]], str], Found]
+
+
+@dataclass(frozen=True)
+class Known:
+    """A pre-tokenizer spelled here: its config, its split in Python, the pre-tokens cached up
+    front, and its split and look-up in C (None where not built)."""
+
+    config: dict[str, Any]
+    split: Callable[[str], list[str] | None]
+    warm: list[str]
+    native: Native | None
+
+
+KNOWN: list[Known] = [
+    Known(_DEEPSEEK_V3, _deepseek_v3, _DIGIT_GROUPS, native and native.deepseek_v3),
 ]
 
 
-def _splitter(
-    tokenizer: Tokenizer,
-) -> tuple[Callable[[str], list[str] | None], list[str]] | None:
+def cached_ids(
+    split: Callable[[str], list[str] | None],
+    plain: Callable[[str], object],
+    cache: dict[str, list[int]],
+    text: str,
+) -> Found:
+    """The Python form of the C look-up: the ids of `text` if every pre-token is cached, else
+    the pre-tokens not cached (in order of first use, each once); None when not plain."""
+    if plain(text) is None:
+        return None
+    pieces = split(text)
+    if pieces is None:
+        return None
+    try:
+        return list(chain.from_iterable(map(cache.__getitem__, pieces)))
+    except KeyError:  # pre-tokens not seen yet
+        return tuple(dict.fromkeys(p for p in pieces if p not in cache))
+
+
+def _known(tokenizer: Tokenizer) -> Known | None:
     if tokenizer.pre_tokenizer is None or tokenizer.truncation or tokenizer.padding:
         return None
     model = tokenizer.model
@@ -103,60 +147,50 @@ def _splitter(
         if state.get("type") != "Sequence" or state.get("normalizers"):
             return None
     pre = json.loads(tokenizer.pre_tokenizer.__getstate__())
-    for config, split, warm in KNOWN:
-        if pre == config:
-            return split, warm
-    return None
+    return next((known for known in KNOWN if pre == known.config), None)
 
 
 class PreTokenCache:
     """Ids of plain ASCII texts from cached pre-tokens, for a tokenizer `of` accepts."""
 
-    def __init__(
-        self,
-        tokenizer: Tokenizer,
-        split: Callable[[str], list[str] | None],
-        warm: list[str] = [],  # noqa: B006 (read only)
-    ) -> None:
+    def __init__(self, tokenizer: Tokenizer, known: Known, use_native: bool = True) -> None:
         self._tokenizer = tokenizer
-        self._split = split
+        warm = known.warm
         encoded = tokenizer.encode_batch_fast(warm, add_special_tokens=False) if warm else []
         self._warm = {p: e.ids for p, e in zip(warm, encoded, strict=True)}
         self._ids: dict[str, list[int]] = dict(self._warm)
         # The characters no added token's text holds and none could start (printable ASCII,
         # tab, line breaks): the text is then one run of pre-tokens.
         starts = {t.content[0] for t in tokenizer.get_added_tokens_decoder().values() if t.content}
-        allowed = "".join(
-            re.escape(c) for c in map(chr, [9, 10, 11, 12, 13, *range(32, 127)]) if c not in starts
-        )
-        self._plain = re.compile(f"[{allowed}]*").fullmatch
+        allowed = {chr(c) for c in [9, 10, 11, 12, 13, *range(32, 127)]} - starts
+        self._lookup: Callable[[str], Found]
+        if use_native and known.native is not None:
+            table = bytes(chr(c) in allowed for c in range(128))
+            self._lookup = partial(known.native, table, self._ids)
+        else:
+            plain = re.compile(f"[{''.join(map(re.escape, sorted(allowed)))}]*").fullmatch
+            self._lookup = partial(cached_ids, known.split, plain, self._ids)
 
     @classmethod
     def of(cls, tokenizer: Tokenizer) -> PreTokenCache | None:
         """The cache for this tokenizer, None if its pre-tokenizer is not one spelled here."""
-        found = _splitter(tokenizer)
-        return cls(tokenizer, *found) if found is not None else None
+        known = _known(tokenizer)
+        return cls(tokenizer, known) if known is not None else None
 
     def encode(self, text: str) -> list[int] | None:
         """The ids of `text` (no special tokens added), None when it is not plain ASCII."""
-        if self._plain(text) is None:
-            return None
-        pieces = self._split(text)
-        if pieces is None:
-            return None
         cache = self._ids
         if len(cache) > MAX_PIECES:
             cache.clear()
             cache.update(self._warm)
-        try:
-            return list(chain.from_iterable(map(cache.__getitem__, pieces)))
-        except KeyError:  # pre-tokens not seen yet
-            pass
-        missing = list(dict.fromkeys(p for p in pieces if p not in cache))
+        found = self._lookup(text)
+        if not isinstance(found, tuple):
+            return found
+        missing = list(found)
         encoded = self._tokenizer.encode_batch_fast(missing, add_special_tokens=False)
         for piece, enc in zip(missing, encoded, strict=True):
             cache[piece] = enc.ids
-        out = list(chain.from_iterable(map(cache.__getitem__, pieces)))
+        out = cast(list[int], self._lookup(text))  # every pre-token is cached now
         for piece in missing:
             if len(piece) > MAX_PIECE_CHARS:
                 del cache[piece]

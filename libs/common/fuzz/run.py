@@ -6,6 +6,8 @@ clang's AddressSanitizer and UndefinedBehaviorSanitizer (any finding aborts the 
   frames      engines/_frames_core.h: an engine connection's HTTP/2 frames and the gRPC
               messages of relayed streams (the dispatcher's per-token path)
   blockhash   _blockhash.c: the msgpack token arrays of engines' KV events
+  pretokens   preprocessor/_pretokens.c: the split and cached ids of prompt text from HTTP
+              clients, against its Python form (an embedded interpreter runs both)
 
 Seeds come from seeds.py (real engine streams and token arrays); the corpus grows under
 build/fuzz/corpus/<harness>, and a crashing input is written to build/fuzz/ (the run fails).
@@ -28,7 +30,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
-HARNESSES = ("frames", "blockhash")
+HARNESSES = ("frames", "blockhash", "pretokens")
+WITH_PYTHON = ("blockhash", "pretokens")  # harnesses that include an extension's glue
 FLAGS = ["-g", "-O1", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all"]
 DEBIAN_PACKAGES = ("clang", "libclang-rt-14-dev")
 MISSING = f"clang with libFuzzer is missing: apt-get install {' '.join(DEBIAN_PACKAGES)}"
@@ -78,7 +81,7 @@ def find_clang(work: Path, install: bool) -> str | None:
 def build(clang: str, harness: str, work: Path) -> Path:
     out = work / f"{harness}_fuzz"
     argv = [clang, *FLAGS, str(HERE / f"{harness}_fuzz.c"), "-o", str(out)]
-    if harness == "blockhash":  # _blockhash.c includes Python.h (its glue is not run)
+    if harness in WITH_PYTHON:  # the extension includes Python.h (pretokens runs it)
         libdir = sysconfig.get_config_var("LIBDIR")
         argv[-2:-2] = [f"-I{sysconfig.get_paths()['include']}"]
         argv += [f"-L{libdir}", f"-lpython{sysconfig.get_config_var('LDVERSION')}"]
@@ -91,12 +94,20 @@ def fuzz(binary: Path, corpus: Path, seeds: Path, seconds: float, work: Path) ->
     corpus.mkdir(parents=True, exist_ok=True)
     argv = [str(binary), f"-max_total_time={max(1, round(seconds))}", "-timeout=10"]
     argv += [f"-artifact_prefix={work}/", "-print_final_stats=1", str(corpus), str(seeds)]
-    done = subprocess.run(argv, capture_output=True, text=True)
+    done = subprocess.run(argv, capture_output=True, text=True, env=_env())
     stats = [line for line in done.stderr.splitlines() if line.startswith(("Done", "stat::"))]
     print(f"{binary.name}: " + "; ".join(stats[:3]), flush=True)
     if done.returncode != 0:
         sys.stderr.write(done.stderr[-6000:])
         raise SystemExit(f"{binary.name} found a failure (the input is in {work}/)")
+
+
+def _env() -> dict[str, str]:
+    """The pretokens harness's reference: the regex pretokens.py splits text with."""
+    from switchyard.preprocessor.pretokens import _DEEPSEEK_V3_PIECES
+
+    regex = _DEEPSEEK_V3_PIECES.__self__.pattern  # type: ignore[attr-defined]
+    return {**os.environ, "SWITCHYARD_PRETOKENS_REGEX": regex, "PYTHONHOME": sys.base_prefix}
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Seed inputs for the fuzz harnesses (`make fuzz`): what engines really send, so the fuzzer
 starts from inputs that reach the deep paths (relayed chunks, handbacks, bigram cells).
 
-    python libs/common/fuzz/seeds.py OUT_DIR     # OUT_DIR/frames/*, OUT_DIR/blockhash/*
+    python libs/common/fuzz/seeds.py OUT_DIR     # OUT_DIR/{frames,blockhash,pretokens}/*
 """
 
 from __future__ import annotations
@@ -90,6 +90,16 @@ def main(out_dir: Path) -> None:
     }
     for name, (block_size, raw) in arrays.items():
         (blockhash_dir / name).write_bytes(bytes((block_size - 1,)) + raw)
+    pretokens_dir = out_dir / "pretokens"  # a byte ('<' plain when odd), then the text
+    pretokens_dir.mkdir(parents=True, exist_ok=True)
+    texts = {
+        "chat": b"\x00You are a helpful assistant.\n\nWhat's 2+2? Answer in 12345 words:",
+        "code": b"\x01def f(x):\r\n\tif x <= 10:\n\t\treturn x  # ok\n\n\n    pass\x0b\x0c",
+        "runs": b"\x00" + b" " * 70 + b"a" * 80 + b"\n \n  1234567 !!!...\n --flag",
+        "other": b"\x00<think> caf\xe9 \x00\x1f\x7f",
+    }
+    for name, data in texts.items():
+        (pretokens_dir / name).write_bytes(data)
 
 
 if __name__ == "__main__":
