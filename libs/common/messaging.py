@@ -378,6 +378,11 @@ class ConnectionLost(ConnectionError):
     """The connection to the service dropped while the call waited for its reply."""
 
 
+def _expire(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
+
+
 class RequestReplyClient(DealerClient):
     """One reply per request, matched by `key(reply)`. Calls waiting when the connection
     drops fail at once with ConnectionLost (the service died: its answer will never come)."""
@@ -398,13 +403,17 @@ class RequestReplyClient(DealerClient):
         """Send and wait for the reply; raises TimeoutError when none comes in time and
         ConnectionLost when the connection drops meanwhile."""
         self.start()
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
         self._waiters[request_id] = future
+        # The deadline fails the future itself: one timer handle, where asyncio.timeout's
+        # context manager also cancels and uncancels the task around it.
+        deadline = loop.call_later(timeout, _expire, future)
         try:
-            await self.send(message)
-            async with asyncio.timeout(timeout):
-                return await future
+            self.send_now(message)
+            return await future
         finally:
+            deadline.cancel()
             self._waiters.pop(request_id, None)
 
     def pending(self) -> int:
