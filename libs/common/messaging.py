@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from switchyard.common.native import load
 from switchyard.common.ports import PortRange, zmq_bind
 from switchyard.protos.codec import encode
 
@@ -87,6 +89,30 @@ _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 
 
+def py_events(sock: zmq.Socket[Any]) -> int:
+    """The socket's ZMQ_EVENTS (the Python form of the C extension's `events`)."""
+    return _get(sock, _EVENTS)  # type: ignore[arg-type,return-value]
+
+
+def _native_events() -> Callable[[zmq.Socket[Any]], int] | None:
+    """The C extension's `events` (libs/common/_zmqevents.c), bound to pyzmq's libzmq: the
+    same int as `py_events` without pyzmq's SocketOption lookup per call (two enum calls)."""
+    native = load("switchyard.common._zmqevents")
+    backend = getattr(sys.modules.get(zmq.backend.Socket.__module__), "__file__", None)
+    if native is None or backend is None:
+        return None
+    try:
+        native.init(backend, py_events)
+    except OSError as exc:  # a pyzmq not built as a shared module: the Python form
+        log.debug("ZMQ_EVENTS read through pyzmq: %s", exc)
+        return None
+    events: Callable[[zmq.Socket[Any]], int] = native.events
+    return events
+
+
+events = _native_events() or py_events
+
+
 def recv_multipart_now(sock: zmq.Socket[Any]) -> list[bytes]:
     """Every frame of the next message, without waiting (raises zmq.Again when none).
 
@@ -151,6 +177,7 @@ class LoopSocket:
         # process libzmq's pending commands: the FD is re-armed for the next message.
         self._drain_soon = False
         sock, handle, multipart = self.sock, self._on_message, self._multipart
+        read_events = events
         self._draining = True
         try:
             while not self._closed:
@@ -162,7 +189,7 @@ class LoopSocket:
                     handle(message)
                 except Exception:  # one bad message must not stop the socket
                     log.exception("message handler failed")
-                if self._closed or not _get(sock, _EVENTS) & _POLLIN:  # type: ignore[arg-type,operator]
+                if self._closed or not read_events(sock) & _POLLIN:
                     break
         finally:
             self._draining = False
@@ -172,7 +199,7 @@ class LoopSocket:
         # cost the loop one more iteration per send, a poll that almost always finds nothing.
         if self._draining or self._drain_soon or self._closed:
             return
-        if _get(self.sock, _EVENTS) & _POLLIN:  # type: ignore[arg-type,operator]
+        if events(self.sock) & _POLLIN:
             self._drain_soon = True
             self._loop.call_soon(self._drain)
 

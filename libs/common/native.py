@@ -1,9 +1,10 @@
 """Which of Switchyard's C extensions the processes use.
 
 Each extension (the block hash, the KV index's dict operations, the engine streams' frame
-reader) has a pure-Python form of identical output, used when the extension is not built
-(an install without a C compiler) or when `SWITCHYARD_NATIVE=0` is set: a way to run any
-process, and the test suite (`make test-pure`), on the Python forms alone.
+reader, LoopSocket's ZMQ_EVENTS read) has a pure-Python form of identical output, used when
+the extension is not built (an install without a C compiler) or when `SWITCHYARD_NATIVE=0`
+is set: a way to run any process, and the test suite (`make test-pure`), on the Python
+forms alone.
 """
 
 from __future__ import annotations

@@ -1,0 +1,6 @@
+# The C extension's interface (libs/common/_zmqevents.c), for mypy.
+from collections.abc import Callable
+from typing import Any
+
+def init(backend_path: str, fallback: Callable[[Any], int], /) -> None: ...
+def events(sock: Any, /) -> int: ...
