@@ -1,8 +1,8 @@
 """The router's Prometheus metrics (served on --metrics-port, default 7290). Decision metrics
 are updated per route; KV ingestion counters, index sizes, plugin timings and per-worker load
 are read at scrape time (nothing on the ingestion or routing hot path beyond plain counters).
-The decision histograms are LoopHistograms: the router observes them on its event loop only,
-and prometheus-client's Histogram took a lock per observation (three per decision).
+The decision metrics are LoopHistograms and LoopCounters: the router updates them on its
+event loop only, and prometheus-client's took a lock per update (five per decision).
 
 Label sets: `mode` a routing policy, `model` a served model, `worker` an engine URL from
 fleet's set, `dp_rank` a data-parallel rank, `plugin` a configured routing plugin (all
@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
 
-from prometheus_client import Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from switchyard.common.loop_counter import LoopCounter
 from switchyard.common.loop_histogram import LoopHistogram
 from switchyard.common.metrics import service_registry
 from switchyard.protos.messages import Instance
@@ -225,17 +224,14 @@ class RouterMetrics:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.registry = service_registry("router")
-        self.decisions = Counter(
-            "switchyard_router_decisions",
-            "routing decisions",
-            ["mode", "model"],
-            registry=self.registry,
+        self.decisions = LoopCounter(
+            "switchyard_router_decisions", "routing decisions", self.registry, ["mode", "model"]
         )
-        self.routed = Counter(
+        self.routed = LoopCounter(
             "switchyard_router_routed",
             "requests routed to each worker",
+            self.registry,
             ["model", "worker"],
-            registry=self.registry,
         )
         self.latency = LoopHistogram(
             "switchyard_router_decision_seconds",
@@ -258,14 +254,3 @@ class RouterMetrics:
         self.registry.register(
             _Collector(index, stats, silent, instances or dict, tracker, kv_workers, clock)
         )
-        # Labelled children by label values: `labels()` validates and locks on every call;
-        # a child is kept by its metric for good anyway.
-        self._children: dict[tuple[Counter, str, str], Any] = {}
-
-    def count(self, metric: Counter, first: str, second: str) -> None:
-        """`metric.labels(first, second).inc()`, the child looked up once."""
-        key = (metric, first, second)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(first, second)
-        child.inc()

@@ -307,10 +307,10 @@ class RouterService:
         reply, message = decided.response, decided.request
         if reply.instance_id is None or message.dry_run:
             return
-        metrics.count(metrics.decisions, self.core.mode, message.model)
+        metrics.decisions.inc_labels((self.core.mode, message.model))
         instance = self.fleet.instances.get(reply.instance_id)
         if instance is not None:
-            metrics.count(metrics.routed, instance.model, instance.url)
+            metrics.routed.inc_labels((instance.model, instance.url))
         if reply.prompt_blocks:
             metrics.hit_ratio.observe(reply.overlap_blocks / reply.prompt_blocks)
         if reply.predicted_ttft_ms:

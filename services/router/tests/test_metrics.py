@@ -1,6 +1,7 @@
-"""The router's decision histograms expose exactly what prometheus-client's Histogram did."""
+"""The router's decision metrics expose exactly what prometheus-client's Histogram and Counter
+did."""
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from switchyard.router.kv.index import KvIndex
 from switchyard.router.metrics import (
@@ -39,3 +40,20 @@ def test_same_series_as_prometheus_histograms() -> None:
         expected = [line for line in series(theirs, name) if "_created" not in line]
         assert series(metrics.registry, name) == expected
         assert len(expected) == len(buckets) + 5  # +Inf, sum, count, HELP, TYPE
+
+
+def test_same_series_as_prometheus_counters() -> None:
+    metrics = RouterMetrics(KvIndex())
+    theirs = CollectorRegistry()
+    for ours, labels in (
+        (metrics.decisions, ["mode", "model"]),
+        (metrics.routed, ["model", "worker"]),
+    ):
+        reference = Counter(ours.name, ours.documentation, labels, registry=theirs)
+        for values in [("a", "m"), ("b", "m"), ("a", "m"), ("a", "n")]:
+            ours.inc_labels(values)
+            reference.labels(*values).inc()
+        name = f"{ours.name}_total"
+        expected = [line for line in series(theirs, ours.name) if "_created" not in line]
+        assert series(metrics.registry, ours.name) == expected
+        assert f'{name}{{{labels[0]}="a",{labels[1]}="m"}} 2.0' in expected
