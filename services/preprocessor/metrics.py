@@ -8,8 +8,9 @@ value from the client unchecked, so the series stay bounded.
 
 Latency histograms are LoopHistograms (no lock per observation): the inter-token latency is
 observed per token-delta batch on the per-token path (the request's series is looked up once
-per request); everything else once per request, in the `finish` stage. `stage_seconds` is
-filled only with --stage-timing (a benchmark mode).
+per request); everything else once per request, in the `finish` stage. The counters every
+request adds to (requests, tokens, KV predictions) are LoopCounters (no lock either).
+`stage_seconds` is filled only with --stage-timing (a benchmark mode).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
+from switchyard.common.loop_counter import LoopCounter
 from switchyard.common.loop_histogram import LoopHistogram
 from switchyard.common.metrics import service_registry
 from switchyard.common.replicas import ReplicaSet
@@ -40,11 +42,11 @@ PREDICTION_OUTCOMES = ("exact", "over", "under")
 class PreprocessorMetrics:
     def __init__(self) -> None:
         r = self.registry = service_registry("preprocessor")
-        self.requests = Counter(
+        self.requests = LoopCounter(
             "switchyard_preprocessor_requests",
             "API requests answered, by endpoint, model and HTTP status (499: the client left)",
-            ["endpoint", "model", "status"],
             registry=r,
+            labelnames=["endpoint", "model", "status"],
         )
         self.errors = Counter(
             "switchyard_preprocessor_errors",
@@ -73,36 +75,42 @@ class PreprocessorMetrics:
             ["model"],
             registry=r,
         )
-        self.input_tokens = Counter(
-            "switchyard_preprocessor_input_tokens", "prompt tokens", ["model"], registry=r
+        self.input_tokens = LoopCounter(
+            "switchyard_preprocessor_input_tokens",
+            "prompt tokens",
+            registry=r,
+            labelnames=["model"],
         )
-        self.output_tokens = Counter(
-            "switchyard_preprocessor_output_tokens", "generated tokens", ["model"], registry=r
+        self.output_tokens = LoopCounter(
+            "switchyard_preprocessor_output_tokens",
+            "generated tokens",
+            registry=r,
+            labelnames=["model"],
         )
-        self.cached_tokens = Counter(
+        self.cached_tokens = LoopCounter(
             "switchyard_preprocessor_cached_tokens",
             "prompt tokens the engines reported cached",
-            ["model"],
             registry=r,
+            labelnames=["model"],
         )
-        self.predicted_cached_tokens = Counter(
+        self.predicted_cached_tokens = LoopCounter(
             "switchyard_preprocessor_predicted_cached_tokens",
             "prompt tokens the KV router predicted cached on the worker it chose",
-            ["model"],
             registry=r,
+            labelnames=["model"],
         )
-        self.routed_prompt_tokens = Counter(
+        self.routed_prompt_tokens = LoopCounter(
             "switchyard_preprocessor_kv_routed_prompt_tokens",
             "prompt tokens of the generations the KV router placed (the two above's base)",
-            ["model"],
             registry=r,
+            labelnames=["model"],
         )
-        self.predictions = Counter(
+        self.predictions = LoopCounter(
             "switchyard_preprocessor_route_predictions",
             "KV routing decisions by how the predicted cached prefix compared with the "
             "engine's report (exact: within one block)",
-            ["model", "outcome"],
             registry=r,
+            labelnames=["model", "outcome"],
         )
         self.migrations = Counter(
             "switchyard_preprocessor_migrations",
@@ -147,7 +155,6 @@ class PreprocessorMetrics:
             registry=r,
         )
         self._by_model: dict[str, _ModelSeries] = {}  # models are bounded (see above)
-        self._answered: dict[tuple[str, str, int], Any] = {}  # requests' series, looked up once
         self.stage_seconds = LoopHistogram(
             "switchyard_preprocessor_stage_seconds",
             "time spent in each request stage on the event loop (--stage-timing only)",
@@ -157,13 +164,8 @@ class PreprocessorMetrics:
         )
 
     def answered(self, endpoint: str, model: str, status: int) -> None:
-        """A request answered (requests_total), its series looked up once per label set
-        (endpoints, models and statuses are bounded)."""
-        key = (endpoint, model, status)
-        series = self._answered.get(key)
-        if series is None:
-            series = self._answered[key] = self.requests.labels(endpoint, model, str(status))
-        series.inc()
+        """A request answered (requests_total; endpoints, models and statuses are bounded)."""
+        self.requests.inc_labels((endpoint, model, str(status)))
 
     def internal_error(self, stage: str) -> None:
         """A request failed by an unforeseen exception (a bug) in `stage`."""
@@ -182,46 +184,42 @@ class PreprocessorMetrics:
         if series is None:
             series = self._by_model[model] = _ModelSeries(self, model)
         series.duration.observe(duration)
-        series.input_tokens.inc(usage.prompt_tokens)
-        series.output_tokens.inc(usage.completion_tokens)
-        series.cached_tokens.inc(usage.cached_tokens)
+        key = series.key
+        self.input_tokens.inc_labels(key, usage.prompt_tokens)
+        self.output_tokens.inc_labels(key, usage.completion_tokens)
+        self.cached_tokens.inc_labels(key, usage.cached_tokens)
         if not predictions:
             return
-        kv = series.kv or series.add_kv(self, model)  # only KV-routed models get these series
+        if not series.kv:  # only KV-routed models get these series
+            series.add_kv(self, model)
+        outcomes = series.outcomes
         for predicted, reported, block_size, prompt in predictions:
-            kv.predicted_cached_tokens.inc(predicted)
-            kv.routed_prompt_tokens.inc(prompt)
+            self.predicted_cached_tokens.inc_labels(key, predicted)
+            self.routed_prompt_tokens.inc_labels(key, prompt)
             if abs(predicted - reported) < block_size:
-                kv.outcomes["exact"].inc()
+                self.predictions.inc_labels(outcomes["exact"])
             else:
-                kv.outcomes["over" if predicted > reported else "under"].inc()
+                self.predictions.inc_labels(outcomes["over" if predicted > reported else "under"])
 
 
 class _ModelSeries:
-    """One model's series of the per-request metrics, looked up once: `labels()` takes a lock
-    and builds a key on every call, several times per request in `finished`."""
+    """One model's series of the per-request metrics, looked up once: its duration
+    histogram's series, and the counters' label values (LoopCounters: no lock per inc)."""
 
-    __slots__ = ("duration", "input_tokens", "output_tokens", "cached_tokens", "kv")
+    __slots__ = ("duration", "key", "kv", "outcomes")
 
     def __init__(self, metrics: PreprocessorMetrics, model: str) -> None:
         self.duration = metrics.duration.labels(model)
-        self.input_tokens = metrics.input_tokens.labels(model)
-        self.output_tokens = metrics.output_tokens.labels(model)
-        self.cached_tokens = metrics.cached_tokens.labels(model)
-        self.kv: _KvSeries | None = None
+        self.key = (model,)
+        self.kv = False
+        self.outcomes: dict[str, tuple[str, str]] = {}
 
-    def add_kv(self, metrics: PreprocessorMetrics, model: str) -> _KvSeries:
-        self.kv = _KvSeries(metrics, model)
-        return self.kv
-
-
-class _KvSeries:
-    __slots__ = ("predicted_cached_tokens", "routed_prompt_tokens", "outcomes")
-
-    def __init__(self, metrics: PreprocessorMetrics, model: str) -> None:
-        self.predicted_cached_tokens = metrics.predicted_cached_tokens.labels(model)
-        self.routed_prompt_tokens = metrics.routed_prompt_tokens.labels(model)
-        self.outcomes = {o: metrics.predictions.labels(model, o) for o in PREDICTION_OUTCOMES}
+    def add_kv(self, metrics: PreprocessorMetrics, model: str) -> None:
+        """The KV series, each outcome's at 0 from the first KV-routed request on."""
+        self.kv = True
+        self.outcomes = {o: (model, o) for o in PREDICTION_OUTCOMES}
+        for labels in self.outcomes.values():
+            metrics.predictions.inc_labels(labels, 0)
 
 
 class UpstreamsCollector:

@@ -178,4 +178,4 @@ async def respond(ctx: RequestContext) -> None:
     metrics = ctx.deps.metrics
     model = ctx.entry.name if ctx.entry is not None else ""
     metrics.duration.labels(model).observe(time.perf_counter() - ctx.inp.received)
-    metrics.input_tokens.labels(model).inc(tokens)
+    metrics.input_tokens.inc_labels((model,), tokens)

@@ -212,7 +212,7 @@ async def test_a_client_leaving_cancels_the_answer(served, streaming):
     client.leave()
     await asyncio.wait_for(serving, 5)  # returns normally: the client is gone
     assert cancelled.is_set()
-    counted = deps.metrics.requests.labels("chat_completions", "", str(CLIENT_GONE))._value.get()
+    counted = deps.metrics.requests.by_labels[("chat_completions", "", str(CLIENT_GONE))]
     assert counted >= 1
 
 

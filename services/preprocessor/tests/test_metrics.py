@@ -117,3 +117,22 @@ async def test_refused_key_probes_and_wrong_methods_are_counted(bundle):
     assert value(m, "requests_total", endpoint=chat, model="", status="405") == 1
     assert value(m, "errors_total", model="", code="invalid_api_key") == 1
     assert value(m, "errors_total", model="", code="method_not_allowed") == 1
+
+
+def test_a_kv_routed_model_shows_every_prediction_outcome_from_its_first_request():
+    """As prometheus-client's labelled children did: all three outcomes at 0 once the model
+    has a KV-routed request, the one counted at 1; the token counters per model."""
+
+    class Usage:
+        prompt_tokens, completion_tokens, cached_tokens = 10, 4, 3
+
+    m = PreprocessorMetrics()
+    m.finished(MODEL, 0.1, Usage(), [(64, 60, 16, 80)])
+    text = generate_latest(m.registry).decode()
+    for outcome, count in (("exact", 1.0), ("over", 0.0), ("under", 0.0)):
+        assert value(m, "route_predictions_total", model=MODEL, outcome=outcome) == count
+        assert f'outcome="{outcome}"' in text
+    assert value(m, "input_tokens_total", model=MODEL) == 10
+    assert value(m, "kv_routed_prompt_tokens_total", model=MODEL) == 80
+    m.answered("chat_completions", MODEL, 200)
+    assert value(m, "requests_total", endpoint="chat_completions", model=MODEL, status="200") == 1
