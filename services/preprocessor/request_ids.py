@@ -11,6 +11,7 @@ anything else is a 400 naming the header.
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 
@@ -22,7 +23,20 @@ _VALID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._:@/+=~-]{{0,{MAX_LENGTH - 1}}}")
 
 
 def mint(prefix: str) -> str:
-    return f"{prefix}{uuid.uuid4().hex}"  # the prefix ends in its separator
+    return f"{prefix}{uuid4_hex()}"  # the prefix ends in its separator
+
+
+def uuid4_hex() -> str:
+    """`uuid.uuid4().hex` in one call (uuid4 builds a UUID object, checks it, then formats
+    it: three Python calls per request): the same random bits, version and variant."""
+    n = int.from_bytes(os.urandom(16), "big")
+    n = n & _UUID4_CLEAR | _UUID4_SET
+    return f"{n:032x}"
+
+
+# What UUID(version=4) clears and sets: the variant's two bits (RFC 4122), the version nibble.
+_UUID4_CLEAR = ~((0xC000 << 48) | (0xF000 << 64))
+_UUID4_SET = (0x8000 << 48) | (4 << 76)
 
 
 def from_header(value: bytes) -> tuple[str, str]:

@@ -61,15 +61,15 @@ def sink_for(ctx: RequestContext) -> Sink:
 
 def usage_of(ctx: RequestContext) -> Usage:
     """The request's usage so far (the n choices of a prompt share its cached prefix)."""
+    prompt = completion = reasoning = 0
+    for ids in ctx.prompt_ids:
+        prompt += len(ids)
     cached: dict[int, int] = {}
     for choice in ctx.choices:
+        completion += len(choice.generated)
+        reasoning += choice.reasoning_tokens
         cached[choice.group] = max(cached.get(choice.group, 0), choice.cached_tokens)
-    return Usage(
-        sum(len(ids) for ids in ctx.prompt_ids),
-        sum(len(c.generated) for c in ctx.choices),
-        sum(cached.values()),
-        sum(c.reasoning_tokens for c in ctx.choices),
-    )
+    return Usage(prompt, completion, sum(cached.values()), reasoning)
 
 
 def progress(ctx: RequestContext) -> Progress:

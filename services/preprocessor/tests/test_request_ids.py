@@ -3,10 +3,12 @@ the body's `id`; the engine request ids start with it and carry it as metadata."
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from switchyard.preprocessor.edge import Edge
-from switchyard.preprocessor.request_ids import MAX_LENGTH
+from switchyard.preprocessor.request_ids import MAX_LENGTH, uuid4_hex
 from switchyard.preprocessor.stages.tests.fakes import (
     FakeDispatcher,
     FakeRouter,
@@ -95,3 +97,11 @@ class TestMinted:
         assert reply.status == 404 and reply.headers["x-request-id"] == "e1"
         reply = await post(app, "/v1/completions", b"{not json")
         assert reply.status == 400 and reply.headers["x-request-id"].startswith("cmpl-")
+
+
+def test_minted_ids_are_uuid4_hex():
+    for _ in range(200):
+        text = uuid4_hex()
+        parsed = uuid.UUID(text)
+        assert parsed.hex == text and parsed.version == 4 and parsed.variant == uuid.RFC_4122
+    assert len({uuid4_hex() for _ in range(1000)}) == 1000
