@@ -1,7 +1,8 @@
 """No service imports another: the services are separate processes that talk over ZMQ, and
 what they share lives in libs/common (switchyard.common) and protos (switchyard.protos).
 
-Every shipped module (tests excluded) of a service is parsed, and each of its imports, plain
+Every shipped module of a service (in pyproject's packages: tests and tools such as the fuzz
+harnesses' runner are not) is parsed, and each of its imports, plain
 or relative, inside functions and TYPE_CHECKING blocks too, is resolved to the package it
 names; one that names another service fails the test. libs/common and protos import no
 service at all. The `switchyard` package itself (the CLI and `up`, which starts every
@@ -17,14 +18,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
 def _packages() -> dict[str, Path]:
     """Top-level switchyard packages (switchyard.X) -> their folder, from pyproject."""
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    dirs = pyproject["tool"]["setuptools"]["package-dir"]
+    dirs = SETUPTOOLS["package-dir"]
     return {name: ROOT / where for name, where in dirs.items() if name.count(".") == 1}
 
 
 PACKAGES = _packages()
+SHIPPED = set(SETUPTOOLS["packages"])  # every package the wheel holds, subpackages too
 SERVICES = {name for name, where in PACKAGES.items() if where.parent.name == "services"}
 SHARED = {"switchyard.common", "switchyard.protos"}
 
@@ -70,10 +74,10 @@ def crossings(package: str) -> list[str]:
     """Where `package`'s shipped modules import a service other than itself."""
     found = []
     for path in sorted(PACKAGES[package].rglob("*.py")):
-        relative = path.relative_to(PACKAGES[package])
-        if "tests" in relative.parts:
-            continue
         module = _module_name(package, path)
+        owner = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        if owner not in SHIPPED:
+            continue
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
         for line, name in _imported(tree, module, path.name == "__init__.py"):
             owner = _owner(name)
@@ -86,6 +90,8 @@ def test_the_services_are_found():
     assert {"switchyard.preprocessor", "switchyard.router", "switchyard.dispatcher"} <= SERVICES
     assert {"switchyard.fleet", "switchyard.mock_engine"} <= SERVICES
     assert SHARED <= set(PACKAGES)
+    assert "switchyard.preprocessor.stages" in SHIPPED
+    assert "switchyard.common.fuzz" not in SHIPPED  # its runner reads a service's regex
 
 
 def test_no_service_imports_another():
