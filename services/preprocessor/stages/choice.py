@@ -47,6 +47,7 @@ class ChoiceOutput:
         "echoed",
         "group",
         "replay_at",
+        "overrun",
     )
 
     def __init__(
@@ -85,8 +86,26 @@ class ChoiceOutput:
         self.echoed = False  # the echo went out (streamed completions)
         self.group = group  # which prompt of a batch it answers
         self.replay_at = -1  # replaying: how many of `generated` came again (-1: not replaying)
+        self.overrun = 0  # ids of the last delta after the one a stop string completed in
 
     def _text(self, token_ids: Sequence[int]) -> str:
+        if self._stop is not None and len(token_ids) > 1:
+            return self._text_until_stop(token_ids)
+        return self._text_of(token_ids)
+
+    def _text_until_stop(self, token_ids: Sequence[int]) -> str:
+        """Token by token: a stop string may complete inside a delta of several ids (an
+        engine merges steps when its reader lags). The ids after the one it completed in are
+        no output, and, as vLLM counts, no completion tokens (`overrun`)."""
+        out = []
+        for k, token_id in enumerate(token_ids):
+            out.append(self._text_of((token_id,)))
+            if self.done:
+                self.overrun = len(token_ids) - k - 1
+                break
+        return "".join(out)
+
+    def _text_of(self, token_ids: Sequence[int]) -> str:
         if self._held is not None:  # more output came: it did not end it (min_tokens)
             token_ids = [self._held, *token_ids]
             self._held = None

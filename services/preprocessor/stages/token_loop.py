@@ -184,6 +184,8 @@ class TokenLoop:
                 if parsed is not EMPTY:
                     sink.parsed(choice, parsed)
             if choice.done:  # a stop string completed
+                if choice.overrun:  # inside this delta: what came after it never happened
+                    del choice.generated[-choice.overrun :]
                 choice.stopped_reason()
                 sink.finish(choice)
                 ctx.unfinished -= 1
